@@ -1,0 +1,128 @@
+"""Turns one run's record into the numbers a person reads: fractions, percentiles, GPUs, gaps, verdict.
+
+Fractions are of training wall time: step time + host gaps + evaluation and epoch-end phases. Each fit's
+first step (tracing, iterator creation) is its warm-up: counted in `steps`, reported as `warmup_s`, left out
+of everything else. The verdict uses shares of step time (step + host gap), with the TensorFlow profiler's
+thresholds.
+
+Example:
+    >>> summary = summarize(runs["exp1/rnnmon"])
+    >>> summary["verdict"], summary["input_wait_fraction"]
+    ('input-bound', 0.61)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from rnnmon import metadata as md
+from rnnmon.reader import RunData
+
+INPUT_BOUND_SHARE = 0.20  # the profiler's "highly input-bound"
+HOST_BOUND_SHARE = 0.15  # the profiler's "high" for kernel-launch / other host time
+MIN_STEPS = 10
+_S = {name: i for i, name in enumerate(md.STEP_COLUMNS)}
+_STAT = {name: i for i, name in enumerate(md.STAT_COLUMNS)}
+
+
+def summarize(run: RunData) -> dict[str, Any]:
+    """The report's dictionary for one run (see `rnnmon report --json`)."""
+    warm = np.isnan(run.steps[:, _S["host_gap_ms"]])  # each fit's first step: tracing, iterator creation
+    steps = run.steps[~warm]
+    batches = steps[:, _S["batches"]]
+    duration = steps[:, _S["end"]] - steps[:, _S["begin"]]
+    wait = steps[:, _S["input_wait_ms"]] / 1e3
+    gap = steps[:, _S["host_gap_ms"]] / 1e3
+    phase_s = {kind: float(np.sum((run.phases[:, 2] - run.phases[:, 1])[run.phases[:, 0] == k]))
+               for k, kind in enumerate(md.PHASE_KINDS)}
+    step_total = float(duration.sum() + gap.sum())
+    wall = step_total + phase_s["eval"] + phase_s["epoch_end"]
+    measured = bool(len(wait)) and not np.isnan(wait).all()
+    per_batch_ms = 1e3 * duration / np.maximum(batches, 1)
+    summary: dict[str, Any] = {
+        "run": run.run,
+        "backend": run.info.get("backend"),
+        "status": run.info.get("status", "unknown"),
+        "fits": run.fits,
+        "steps": int(run.steps[:, _S["batches"]].sum()),
+        "wall_s": round(wall, 3),
+        "warmup_s": round(phase_s["warmup"], 3),
+        "step_ms": _percentiles(per_batch_ms),
+        "input_wait_ms": _percentiles(1e3 * wait / np.maximum(batches, 1)) if measured else None,
+        "input_wait_measured": run.info.get("input_wait", "measured" if measured else "not measured"),
+        "input_wait_fraction": _ratio(np.nansum(wait), wall) if measured else None,
+        "host_gap_fraction": _ratio(gap.sum(), wall),
+        "eval_fraction": _ratio(phase_s["eval"], wall),
+        "epoch_end_fraction": _ratio(phase_s["epoch_end"], wall),
+        "gpus": [_gpu(run, index) for index in sorted(run.util)],
+        "idle_gaps": _gaps(run.gaps),
+        "idle_by_cause_s": _idle_by_cause(run.gaps),
+        "findings": run.findings,
+        "alerts": run.alerts,
+        "errors": run.errors,
+    }
+    summary["verdict"] = verdict(summary["steps"], np.nansum(wait) if measured else 0.0, gap.sum(), step_total)
+    return summary
+
+
+def verdict(steps: int, wait_s: float, gap_s: float, step_total_s: float) -> str:
+    if steps < MIN_STEPS or step_total_s <= 0:
+        return "insufficient-data"
+    if wait_s / step_total_s >= INPUT_BOUND_SHARE:
+        return "input-bound"
+    if gap_s / step_total_s >= HOST_BOUND_SHARE:
+        return "host-bound"
+    return "compute-bound"
+
+
+def _gpu(run: RunData, index: int) -> dict[str, Any]:
+    util = run.util[index][:, 1]
+    stats = run.stats.get(index, np.empty((0, len(md.STAT_COLUMNS))))
+    idle_pct = float(run.info.get("idle_pct", 5.0))
+    device = run.devices.get(index, {})
+    return {
+        "index": index,
+        "name": device.get("name", f"GPU {index}"),
+        "util_mean": _round(float(util.mean())) if len(util) else None,
+        "idle_fraction": _round(float((util <= idle_pct).mean())) if len(util) else None,
+        "samples": len(util),
+        "memory_used_max_mib": _column_stat(stats, "memory_used_mib", np.nanmax),
+        "memory_total_mib": _column_stat(stats, "memory_total_mib", np.nanmax),
+        "power_mean_w": _column_stat(stats, "power_w", np.nanmean),
+        "sm_activity_mean": _column_stat(stats, "sm_activity_pct", np.nanmean),
+        "sm_occupancy_mean": _column_stat(stats, "sm_occupancy_pct", np.nanmean),
+    }
+
+
+def _gaps(gaps: np.ndarray) -> list[dict[str, Any]]:
+    return [{"device": None if int(device) == md.STEP_DEVICE else int(device), "start": round(float(start), 3),
+             "end": round(float(end), 3), "duration_s": round(float(end - start), 4),
+             "cause": md.GAP_CAUSES[int(cause)]}
+            for device, start, end, cause in gaps]
+
+
+def _idle_by_cause(gaps: np.ndarray) -> dict[str, float]:
+    duration = gaps[:, 2] - gaps[:, 1]
+    return {cause: round(float(duration[gaps[:, 3] == k].sum()), 3) for k, cause in enumerate(md.GAP_CAUSES)}
+
+
+def _column_stat(stats: np.ndarray, column: str, reduce: Any) -> float | None:
+    values = stats[:, _STAT[column]]
+    return None if not len(values) or np.isnan(values).all() else _round(float(reduce(values)))
+
+
+def _percentiles(values: np.ndarray) -> dict[str, float | None]:
+    if not len(values):
+        return {"median": None, "p90": None}
+    return {"median": _round(float(np.median(values))), "p90": _round(float(np.percentile(values, 90)))}
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return _round(float(part) / whole) if whole > 0 else None
+
+
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 4)

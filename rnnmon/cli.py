@@ -1,0 +1,41 @@
+"""The `rnnmon` command: `rnnmon report LOGDIR [--json]` and `rnnmon demo [--logdir runs]`.
+
+Example:
+    $ rnnmon demo --logdir runs
+    $ rnnmon report runs --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rnnmon", description="Why is my GPU idle? Per-step answers for Keras.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    report = commands.add_parser("report", help="summarize every rnnmon run under LOGDIR")
+    report.add_argument("logdir")
+    report.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    demo = commands.add_parser("demo", help="train a small LSTM twice (input-bound, tuned) with the monitor")
+    demo.add_argument("--logdir", default="runs")
+    args = parser.parse_args(argv)
+
+    if args.command == "report":
+        from rnnmon.report import build_report, render_text
+
+        try:
+            result = build_report(args.logdir)
+        except FileNotFoundError as error:
+            print(f"rnnmon: {error}", file=sys.stderr)
+            return 2
+        print(json.dumps(result, indent=2) if args.json else render_text(result))
+        return 0
+    from rnnmon.demo import run_demo
+
+    return run_demo(args.logdir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Times the input-pipeline wait on Keras's TensorFlow backend by pulling each step's batches eagerly.
+
+Keras 3 fetches a batch inside the compiled `train_function`, where callbacks cannot see it. The wrapper pulls
+the step's batch(es) with `next(iterator)` on the host, timed, then hands the list to the original function,
+which runs the same compiled step through its non-iterator branch. Losses and weights are unchanged.
+
+Example:
+    >>> wrap_train_function(model, on_wait=lambda seconds, batches: ..., on_error=lambda error: ...)
+    >>> model.fit(dataset)                    # each call of model.train_function reports its wait
+    >>> unwrap_train_function(model)
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+_ORIGINAL = "__rnnmon_original__"
+
+
+def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
+                        on_error: Callable[[BaseException], None]) -> None:
+    """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit)."""
+    import tensorflow as tf
+
+    unwrap_train_function(model)
+    original = model.train_function
+    per_execution = int(model.steps_per_execution)
+    iterator_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
+    clock = time.perf_counter
+
+    def timed_train_function(iterator: Any) -> Any:
+        if not isinstance(iterator, iterator_types):
+            return original(iterator)
+        try:
+            start = clock()
+            batches = list(itertools.islice(iterator, per_execution))
+            on_wait(clock() - start, len(batches))
+            if not batches:
+                raise StopIteration
+            return original(batches)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            on_error(error)
+            raise
+
+    setattr(timed_train_function, _ORIGINAL, original)
+    model.train_function = timed_train_function
+
+
+def unwrap_train_function(model: Any) -> None:
+    """Put back the function Keras made, however many rnnmon wrappers sit on it."""
+    function = getattr(model, "train_function", None)
+    while hasattr(function, _ORIGINAL):
+        function = getattr(function, _ORIGINAL)
+    if function is not getattr(model, "train_function", None):
+        model.train_function = function

@@ -1,0 +1,259 @@
+"""`UtilizationMonitor`: the Keras callback that records why the GPU is idle, step by step.
+
+Example:
+    >>> monitor = rnnmon.UtilizationMonitor("runs/exp1")
+    >>> model.fit(dataset, epochs=3, callbacks=[monitor])
+    >>> # then: rnnmon report runs    or    tensorboard --logdir runs
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import keras
+
+from rnnmon import metadata as md
+from rnnmon.devices import select_devices
+from rnnmon.input_timing import unwrap_train_function, wrap_train_function
+from rnnmon.nvml import Nvml
+from rnnmon.recorder import Recorder
+from rnnmon.sampler import Sampler
+from rnnmon.ticker import Ticker
+from rnnmon.writer import SummaryWriter
+
+LOG = logging.getLogger("rnnmon")
+NA = math.nan
+
+
+class UtilizationMonitor(keras.callbacks.Callback):
+    """Times every training step (input wait, compute, host gap), samples NVML, and writes TensorBoard data.
+
+    Per step it stores begin, end, the time blocked on the input pipeline and the host gap since the previous
+    step; validation and epoch ends are stored as phases. A background thread samples each GPU this process
+    uses (utilization at the driver's ~6 Hz, memory, power, clocks, temperature, PCIe, throttling, and SM
+    activity where GPM exists) and writes everything to `log_dir/rnnmon` every `flush_secs`.
+
+    Args:
+        log_dir: The run's log directory; rnnmon writes to its `rnnmon` subdirectory.
+        devices: "auto" (the GPUs this process uses), "all", or a list of NVML indices. Defaults to "auto".
+        sample_interval_s: Seconds between NVML polls. Defaults to `0.5`.
+        flush_secs: Seconds between writes to disk, at most 5. Defaults to `2.0`.
+        idle_pct: Utilization at or below which the GPU counts as idle. Defaults to `5.0`.
+        min_gap_ms: Without a GPU, the shortest non-compute stretch reported as a gap. Defaults to `10.0`.
+        measure_input_wait: Pull batches eagerly to time the input wait (TensorFlow backend). `None` does it
+            when `steps_per_execution == 1`; with larger values it would cost the in-graph loop (about 0.3 ms
+            per batch), so it is off unless set to True. Defaults to `None`.
+
+    Example:
+        ```python
+        model.fit(dataset, epochs=3, callbacks=[rnnmon.UtilizationMonitor("runs/exp1")])
+        ```
+    """
+
+    def __init__(self, log_dir: str, *, devices: Literal["auto", "all"] | Sequence[int] = "auto",
+                 sample_interval_s: float = 0.5, flush_secs: float = 2.0, idle_pct: float = 5.0,
+                 min_gap_ms: float = 10.0, measure_input_wait: bool | None = None) -> None:
+        super().__init__()
+        _require(0.05 <= sample_interval_s <= 60, "sample_interval_s", sample_interval_s, "between 0.05 and 60")
+        _require(0 < flush_secs <= 5, "flush_secs", flush_secs, "in (0, 5]")
+        _require(0 <= idle_pct < 100, "idle_pct", idle_pct, "in [0, 100)")
+        _require(min_gap_ms >= 0, "min_gap_ms", min_gap_ms, ">= 0")
+        if not (devices in ("auto", "all") or (not isinstance(devices, str)
+                                                and all(isinstance(i, int) for i in devices))):
+            raise ValueError(f"devices must be 'auto', 'all' or a list of NVML indices. Received: devices={devices!r}")
+        self.log_dir = log_dir
+        self.run_dir = os.path.join(log_dir, md.RUN_SUBDIR)
+        self.devices = devices
+        self.sample_interval_s = sample_interval_s
+        self.flush_secs = flush_secs
+        self.idle_pct = idle_pct
+        self.min_gap_s = min_gap_ms / 1e3
+        self.measure_input_wait = measure_input_wait
+        self._nvml = Nvml()
+        self._active = False
+        self._global_step = 0
+        self._atexit_registered = False
+
+    # --- fit lifecycle ---------------------------------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if self._active:  # a previous fit with this instance ended without on_train_end
+            self._finish("aborted")
+        self._clock = time.perf_counter
+        self._wall_offset = time.time() - self._clock()
+        self._epoch = 0
+        self._last_end = self._clock()
+        self._begin = self._last_end
+        self._wait, self._batches = NA, 0
+        self._open_phase: tuple[str, float] | None = None
+        self._last_flush = self._clock()
+        self._fit_begin = self._clock()
+        self._warming_up = True
+        self._status = "running"
+
+        self._nvml.start()
+        sampler = Sampler(self._nvml, select_devices(self._nvml, self.devices), self._clock) \
+            if self._nvml.available else None
+        self._sampler = sampler
+        self._writer = SummaryWriter(self.run_dir)
+        self._recorder = Recorder(self._writer, sampler, self._wall_offset, idle_pct=self.idle_pct,
+                                  min_gap_s=self.min_gap_s)
+        self._input_timing = self._install_input_timing()
+        self._run_info = self._describe_run(sampler)
+        self._writer.json(md.RUN_TAG, self._run_info)
+        self._active = True
+        self._ticker = Ticker(self.sample_interval_s, self._tick)
+        self._ticker.start()
+        self._catch_exits()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._begin = self._clock()
+        self._wait, self._batches = NA, 0
+        if self._open_phase is not None:  # the epoch boundary lasts until the next epoch's first step
+            self._close_phase(self._begin)
+            self._last_end = self._begin
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        end = self._clock()
+        batches = self._batches or self.model.steps_per_execution
+        self._global_step += batches
+        gap = self._begin - self._last_end
+        if self._warming_up:  # tracing and iterator creation: neither input wait nor host overhead
+            self._warming_up = False
+            self._recorder.add_phase("warmup", self._fit_begin, end)
+            gap = NA
+        self._recorder.add_step((self._global_step, self._epoch, self._begin, end, self._wait, gap, batches))
+        self._last_end = end
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        if self._active:
+            now = self._clock()
+            if self._open_phase is None:  # validation starts right after the epoch's last step
+                self._open_phase = ("epoch_end", self._last_end)
+            self._close_phase(now)
+            self._open_phase = ("eval", now)
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        if self._active:
+            now = self._clock()
+            self._close_phase(now)
+            self._open_phase = ("epoch_end", now)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._open_phase is None:
+            self._open_phase = ("epoch_end", self._last_end)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._active:
+            self._finish("finished")
+
+    # --- helpers ---------------------------------------------------------------------------------------
+    def _on_wait(self, seconds: float, batches: int) -> None:
+        self._wait, self._batches = seconds, batches
+
+    def _on_error(self, error: BaseException) -> None:
+        if self._active:
+            self._finish("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
+
+    def _close_phase(self, now: float) -> None:
+        if self._open_phase is not None:
+            kind, start = self._open_phase
+            self._recorder.add_phase(kind, start, now)
+            self._open_phase = None
+
+    def _tick(self) -> None:
+        if self._sampler is not None:
+            self._sampler.poll()
+        if self._clock() - self._last_flush >= self.flush_secs:
+            self._last_flush = self._clock()
+            self._recorder.flush(horizon=self._last_end)
+
+    def _finish(self, status: str) -> None:
+        """Stop sampling, restore Keras, and get everything to disk; safe to call from any exit path."""
+        self._active = False
+        self._ticker.stop()
+        self._close_phase(self._clock())
+        if self.model is not None:
+            unwrap_train_function(self.model)
+        try:
+            if self._sampler is not None:
+                self._sampler.poll()
+            self._recorder.flush(horizon=math.inf, final=True)
+            self._run_info.update(status=status, end=time.time(), steps=self._global_step)
+            self._writer.json(md.RUN_TAG, self._run_info)
+        finally:
+            self._writer.close()
+            if self._sampler is not None:
+                self._sampler.close()
+            self._nvml.shutdown()
+            self._release_exits()
+
+    def _install_input_timing(self) -> str:
+        backend = keras.backend.backend()
+        per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        wanted = self.measure_input_wait if self.measure_input_wait is not None else per_execution == 1
+        if backend != "tensorflow":
+            if self.measure_input_wait:
+                LOG.warning("rnnmon: input wait is measured on the TensorFlow backend only; on %s it is "
+                            "part of the host gap.", backend)
+            return f"not measured: the {backend} backend"
+        if not wanted:
+            return f"not measured: steps_per_execution={per_execution}"
+        if getattr(self.model, "train_function", None) is None:
+            self.model.make_train_function()
+        wrap_train_function(self.model, self._on_wait, self._on_error)
+        return "measured"
+
+    def _describe_run(self, sampler: Sampler | None) -> dict[str, Any]:
+        return {
+            "version": md.FORMAT_VERSION, "status": "running", "start": time.time(), "end": None,
+            "backend": keras.backend.backend(), "keras": keras.__version__, "host": socket.gethostname(),
+            "pid": os.getpid(), "steps_per_execution": int(getattr(self.model, "steps_per_execution", 1) or 1),
+            "input_wait": self._input_timing, "idle_pct": self.idle_pct,
+            "gpus": sampler.describe() if sampler else [],
+            "nvml": "available" if self._nvml.available else "unavailable",
+        }
+
+    def _catch_exits(self) -> None:
+        """Get the record to disk on SIGTERM and at interpreter exit as well."""
+        if not self._atexit_registered:
+            atexit.register(self._at_exit)
+            self._atexit_registered = True
+        self._previous_sigterm = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _release_exits(self) -> None:
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        previous = self._previous_sigterm
+        if self._active:
+            self._finish("terminated")
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _at_exit(self) -> None:
+        if self._active:
+            self._finish("aborted")
+
+
+def _require(ok: bool, name: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {rule}. Received: {name}={value!r}")

@@ -1,0 +1,456 @@
+"""A scripted fake of the NVML C library that drives the real `pynvml` binding.
+
+`pynvml` looks up every C function with `getattr(pynvml.nvmlLib, name)`, so `installed()` puts a
+`FakeNvmlLib` there and the real Python wrappers (argument packing, two-call patterns, versioned
+structs, error classes) run unchanged against it. Metrics are constants or functions of host time.
+
+Example:
+    clock = ManualClock()
+    lib = FakeNvmlLib([FakeGpu(utilization=lambda t: 50.0, pids=[os.getpid()])], clock=clock)
+    with installed(lib):
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        clock.advance(1.0)
+        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+        lib.host_time_of(samples[-1].timeStamp)  # back to clock() time
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+import pynvml
+
+Value = float | Callable[[float], float]  # a constant, or a function of host time (seconds)
+
+MIB = 1 << 20
+FAKE_UPTIME_US = 123_456_789_000  # default timestamp at construction: ~1.4 days of "uptime", not Unix time
+
+# C functions that do not touch a device, so they keep working when the GPU is lost.
+_HOST_FUNCTIONS = frozenset(
+    {
+        "nvmlInitWithFlags",
+        "nvmlShutdown",
+        "nvmlSystemGetDriverVersion",
+        "nvmlDeviceGetCount_v2",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleFree",
+    }
+)
+_GPM_METRIC_FIELDS = {
+    pynvml.NVML_GPM_METRIC_SM_UTIL: "sm_util_pct",
+    pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: "sm_occupancy_pct",
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_util_pct",
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_bw_util_pct",
+}
+
+
+@dataclass
+class FakeGpu:
+    name: str = "NVIDIA H200"
+    uuid: str = ""  # FakeNvmlLib fills in "GPU-<index>-..." when empty
+    utilization: Value = 90.0  # GPU busy %, sampled on the lib's grid (GetSamples, GetUtilizationRates)
+    memory_utilization: Value = 30.0  # c_nvmlUtilization_t.memory
+    memory_total_mib: int = 143771
+    memory_used_mib: Value = 1024
+    memory_reserved_mib: int = 0  # reported apart by MemoryInfo_v2, counted in `used` by v1
+    power_w: Value = 350.0
+    sm_clock_mhz: Value = 1980
+    temperature_c: Value = 45
+    pcie_tx_kbps: Value = 1000
+    pcie_rx_kbps: Value = 2000
+    clocks_event_reasons: int | Callable[[float], int] = 0
+    gpm_supported: bool = True
+    # GPM metrics, averaged over the two samples' interval; None answers NOT_SUPPORTED for that metric.
+    sm_util_pct: Value | None = 80.0
+    sm_occupancy_pct: Value | None = 40.0
+    tensor_util_pct: Value | None = 30.0
+    dram_bw_util_pct: Value | None = 50.0
+    pids: list[int] = field(default_factory=list)  # compute processes on this GPU
+    process_used_mib: int = 1024  # used GPU memory reported for each of `pids`
+
+
+class ManualClock:
+    """A clock for `FakeNvmlLib(clock=...)` that only moves when told to."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class _GpmSample:
+    buffer: pynvml.struct_c_nvmlGpmSample_t
+    gpu: FakeGpu | None = None  # set by nvmlGpmSampleGet
+    time: float = 0.0
+
+
+def _at(value: Value, t: float) -> float:
+    return value(t) if callable(value) else value
+
+
+def _mean(value: Value, t1: float, t2: float, points: int = 16) -> float:
+    return sum(_at(value, t1 + (t2 - t1) * (i + 0.5) / points) for i in range(points)) / points
+
+
+def _deref(ref: Any) -> Any:
+    """The ctypes object behind a `byref()` argument."""
+    return ref._obj
+
+
+def _address(pointer: object) -> int | None:
+    return ctypes.cast(pointer, ctypes.c_void_p).value
+
+
+def _put_str(buffer: ctypes.Array, size: ctypes.c_uint, text: str) -> int:
+    data = text.encode()
+    if len(data) >= size.value:
+        return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    buffer.value = data
+    return pynvml.NVML_SUCCESS
+
+
+def _device_function(impl: Callable[..., int]) -> Callable[..., int]:
+    """Marks a C function whose first argument is a device handle; the impl gets its FakeGpu instead."""
+
+    @functools.wraps(impl)
+    def resolved(self: FakeNvmlLib, now: float, handle: object, *args: object) -> int:
+        index = self._handle_index.get(_address(handle))
+        if index is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        return impl(self, now, self.gpus[index], *args)
+
+    return resolved
+
+
+class FakeNvmlLib:
+    """Stands in for `CDLL("libnvidia-ml.so.1")`: attribute `nvmlXxx` is the C function of that name.
+
+    Every C function answers UNINITIALIZED outside nvmlInitWithFlags/nvmlShutdown pairs, then
+    GPU_IS_LOST from `clock() >= lost_after` on (all but the `_HOST_FUNCTIONS`), then NOT_SUPPORTED
+    if named in `unsupported`. Names in `missing` are absent (checked when pynvml first looks them
+    up, as it caches function pointers). `gpus`, `lost_after` and `unsupported` may be changed while
+    installed. `calls` counts C calls: pynvml's two-call wrappers count twice.
+    """
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        driver_version: str = "560.35.03",
+        sample_period_s: float = 1 / 6,
+        buffer_size: int = 100,
+        timestamp_offset_us: int | None = None,
+        unsupported: frozenset[str] | set[str] = frozenset(),
+        missing: frozenset[str] | set[str] = frozenset(),
+        lost_after: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        for index, gpu in enumerate(gpus):
+            gpu.uuid = gpu.uuid or f"GPU-{index:08x}-0000-4000-8000-000000000000"
+        self.gpus = gpus
+        self.driver_version = driver_version
+        self.sample_period_us = round(sample_period_s * 1e6)
+        self.buffer_size = buffer_size
+        self.clock = clock
+        self.timestamp_offset_us = (
+            FAKE_UPTIME_US - round(clock() * 1e6) if timestamp_offset_us is None else timestamp_offset_us
+        )
+        self.unsupported = unsupported
+        self.missing = missing
+        self.lost_after = lost_after
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.init_count = 0
+        self._lock = threading.Lock()
+        self._handles = [pynvml.struct_c_nvmlDevice_t() for _ in gpus]
+        self._handle_index = {ctypes.addressof(h): i for i, h in enumerate(self._handles)}
+        self._gpm_samples: dict[int, _GpmSample] = {}
+
+    def timestamp_of(self, host_time: float) -> int:
+        """The opaque NVML timestamp (µs) for a host `clock()` time."""
+        return round(host_time * 1e6) + self.timestamp_offset_us
+
+    def host_time_of(self, timestamp_us: int) -> float:
+        """The host `clock()` time of an NVML timestamp."""
+        return (timestamp_us - self.timestamp_offset_us) / 1e6
+
+    def __getattr__(self, name: str) -> Callable[..., int]:
+        if not name.startswith("nvml") or name in self.missing or not hasattr(type(self), "_" + name):
+            raise AttributeError(name)
+        return functools.partial(self._call, name)
+
+    def _call(self, name: str, *args: object) -> int:
+        with self._lock:
+            self.calls[name] += 1
+            now = self.clock()
+            if self.init_count == 0 and name != "nvmlInitWithFlags":
+                return pynvml.NVML_ERROR_UNINITIALIZED
+            if name not in _HOST_FUNCTIONS and self.lost_after is not None and now >= self.lost_after:
+                return pynvml.NVML_ERROR_GPU_IS_LOST
+            if name in self.unsupported:
+                return pynvml.NVML_ERROR_NOT_SUPPORTED
+            return getattr(self, "_" + name)(now, *args)
+
+    def _sample_stamps(self, now: float, last_seen: int) -> list[int]:
+        """Grid timestamps newer than `last_seen` still in the ring buffer, oldest first."""
+        period = self.sample_period_us
+        newest = self.timestamp_of(now) // period
+        first = max(newest - self.buffer_size + 1, last_seen // period + 1)
+        return [k * period for k in range(first, newest + 1)]
+
+    def _utilization_sample(self, gpu: FakeGpu, timestamp_us: int) -> int:
+        return round(_at(gpu.utilization, self.host_time_of(timestamp_us)))
+
+    # --- C functions: `_<C name>(now, *C arguments as pynvml passes them) -> nvmlReturn_t` ---
+
+    def _nvmlInitWithFlags(self, now: float, flags: int) -> int:
+        self.init_count += 1
+        return pynvml.NVML_SUCCESS
+
+    def _nvmlShutdown(self, now: float) -> int:
+        self.init_count -= 1
+        return pynvml.NVML_SUCCESS
+
+    def _nvmlSystemGetDriverVersion(self, now: float, buffer: ctypes.Array, size: ctypes.c_uint) -> int:
+        return _put_str(buffer, size, self.driver_version)
+
+    def _nvmlDeviceGetCount_v2(self, now: float, count_ref: object) -> int:
+        _deref(count_ref).value = len(self.gpus)
+        return pynvml.NVML_SUCCESS
+
+    def _nvmlDeviceGetHandleByIndex_v2(self, now: float, index: ctypes.c_uint, device_ref: object) -> int:
+        if index.value >= len(self.gpus):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _deref(device_ref).contents = self._handles[index.value]
+        return pynvml.NVML_SUCCESS
+
+    def _nvmlDeviceGetHandleByUUID(self, now: float, uuid: ctypes.c_char_p, device_ref: object) -> int:
+        for gpu, handle in zip(self.gpus, self._handles):
+            if gpu.uuid.encode() == uuid.value:
+                _deref(device_ref).contents = handle
+                return pynvml.NVML_SUCCESS
+        return pynvml.NVML_ERROR_NOT_FOUND
+
+    @_device_function
+    def _nvmlDeviceGetName(self, now: float, gpu: FakeGpu, buffer: ctypes.Array, size: ctypes.c_uint) -> int:
+        return _put_str(buffer, size, gpu.name)
+
+    @_device_function
+    def _nvmlDeviceGetUUID(self, now: float, gpu: FakeGpu, buffer: ctypes.Array, size: ctypes.c_uint) -> int:
+        return _put_str(buffer, size, gpu.uuid)
+
+    @_device_function
+    def _nvmlDeviceGetIndex(self, now: float, gpu: FakeGpu, index_ref: object) -> int:
+        _deref(index_ref).value = next(i for i, g in enumerate(self.gpus) if g is gpu)
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetSamples(
+        self,
+        now: float,
+        gpu: FakeGpu,
+        sampling_type: ctypes.c_uint,
+        last_seen: ctypes.c_ulonglong,
+        value_type_ref: object,
+        count_ref: object,
+        samples: ctypes.Array | None,
+    ) -> int:
+        """First call (samples NULL) sizes, second fills; both answer NOT_FOUND when nothing is new."""
+        if sampling_type.value != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        stamps = self._sample_stamps(now, last_seen.value)
+        if not stamps:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        _deref(value_type_ref).value = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        count = _deref(count_ref)
+        if samples is not None:
+            stamps = stamps[: min(count.value, len(samples))]  # oldest first, so the caller misses none
+            for sample, stamp in zip(samples, stamps):
+                sample.timeStamp = stamp
+                sample.sampleValue.uiVal = self._utilization_sample(gpu, stamp)
+        count.value = len(stamps)
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetUtilizationRates(self, now: float, gpu: FakeGpu, util_ref: object) -> int:
+        util = _deref(util_ref)
+        newest_stamp = self.timestamp_of(now) // self.sample_period_us * self.sample_period_us
+        util.gpu = self._utilization_sample(gpu, newest_stamp)
+        util.memory = round(_at(gpu.memory_utilization, now))
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetMemoryInfo(self, now: float, gpu: FakeGpu, memory_ref: object) -> int:
+        memory = _deref(memory_ref)
+        used_mib = round(_at(gpu.memory_used_mib, now)) + gpu.memory_reserved_mib
+        memory.total, memory.used = gpu.memory_total_mib * MIB, used_mib * MIB
+        memory.free = memory.total - memory.used
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetMemoryInfo_v2(self, now: float, gpu: FakeGpu, memory_ref: object) -> int:
+        memory = _deref(memory_ref)
+        if memory.version != pynvml.nvmlMemory_v2:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        memory.total, memory.reserved = gpu.memory_total_mib * MIB, gpu.memory_reserved_mib * MIB
+        memory.used = round(_at(gpu.memory_used_mib, now)) * MIB
+        memory.free = memory.total - memory.reserved - memory.used
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetPowerUsage(self, now: float, gpu: FakeGpu, milliwatts_ref: object) -> int:
+        _deref(milliwatts_ref).value = round(_at(gpu.power_w, now) * 1000)
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetClockInfo(
+        self, now: float, gpu: FakeGpu, clock_type: ctypes.c_uint, mhz_ref: object
+    ) -> int:
+        if clock_type.value != pynvml.NVML_CLOCK_SM:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        _deref(mhz_ref).value = round(_at(gpu.sm_clock_mhz, now))
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetTemperature(
+        self, now: float, gpu: FakeGpu, sensor: ctypes.c_uint, celsius_ref: object
+    ) -> int:
+        if sensor.value != pynvml.NVML_TEMPERATURE_GPU:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _deref(celsius_ref).value = round(_at(gpu.temperature_c, now))
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetTemperatureV(self, now: float, gpu: FakeGpu, temperature_ref: object) -> int:
+        temperature = _deref(temperature_ref)
+        if temperature.version != pynvml.nvmlTemperature_v1:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        if temperature.sensorType != pynvml.NVML_TEMPERATURE_GPU:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        temperature.temperature = round(_at(gpu.temperature_c, now))
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetPcieThroughput(
+        self, now: float, gpu: FakeGpu, counter: ctypes.c_uint, kbps_ref: object
+    ) -> int:
+        rates = {
+            pynvml.NVML_PCIE_UTIL_TX_BYTES: gpu.pcie_tx_kbps,
+            pynvml.NVML_PCIE_UTIL_RX_BYTES: gpu.pcie_rx_kbps,
+        }
+        if counter.value not in rates:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _deref(kbps_ref).value = round(_at(rates[counter.value], now))
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetCurrentClocksEventReasons(self, now: float, gpu: FakeGpu, reasons_ref: object) -> int:
+        _deref(reasons_ref).value = int(_at(gpu.clocks_event_reasons, now))
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetComputeRunningProcesses_v3(
+        self, now: float, gpu: FakeGpu, count_ref: object, infos: ctypes.Array | None
+    ) -> int:
+        count = _deref(count_ref)
+        if count.value < len(gpu.pids):
+            count.value = len(gpu.pids)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for info, pid in zip(infos or (), gpu.pids):
+            info.pid, info.usedGpuMemory = pid, gpu.process_used_mib * MIB
+            info.gpuInstanceId = info.computeInstanceId = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
+        count.value = len(gpu.pids)
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlGpmQueryDeviceSupport(self, now: float, gpu: FakeGpu, support_ref: object) -> int:
+        support = _deref(support_ref)
+        if support.version != pynvml.NVML_GPM_SUPPORT_VERSION:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        support.isSupportedDevice = int(gpu.gpm_supported)
+        return pynvml.NVML_SUCCESS
+
+    def _nvmlGpmSampleAlloc(self, now: float, sample_ref: object) -> int:
+        sample = _GpmSample(pynvml.struct_c_nvmlGpmSample_t())
+        self._gpm_samples[ctypes.addressof(sample.buffer)] = sample
+        _deref(sample_ref).contents = sample.buffer
+        return pynvml.NVML_SUCCESS
+
+    def _nvmlGpmSampleFree(self, now: float, pointer: object) -> int:
+        if self._gpm_samples.pop(_address(pointer), None) is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlGpmSampleGet(self, now: float, gpu: FakeGpu, pointer: object) -> int:
+        sample = self._gpm_samples.get(_address(pointer))
+        if sample is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if not gpu.gpm_supported:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        sample.gpu, sample.time = gpu, now
+        return pynvml.NVML_SUCCESS
+
+    def _nvmlGpmMetricsGet(self, now: float, request_ref: object) -> int:
+        request = _deref(request_ref)
+        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        first, second = (self._gpm_samples.get(_address(p)) for p in (request.sample1, request.sample2))
+        if first is None or second is None or first.gpu is None or first.gpu is not second.gpu:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if request.numMetrics > pynvml.NVML_GPM_METRIC_MAX:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        for metric in request.metrics[: request.numMetrics]:
+            source = getattr(first.gpu, _GPM_METRIC_FIELDS.get(metric.metricId, ""), None)
+            if source is None:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            else:
+                metric.nvmlReturn, metric.value = pynvml.NVML_SUCCESS, _mean(source, first.time, second.time)
+        return pynvml.NVML_SUCCESS
+
+
+@contextlib.contextmanager
+def _pynvml_state(nvml_lib: object) -> Iterator[None]:
+    """Loads `nvml_lib` as pynvml's library with a fresh init refcount; restores the previous state after."""
+    with pynvml.libLoadLock:
+        saved = pynvml.nvmlLib, pynvml._nvmlLib_refcount
+        pynvml.nvmlLib, pynvml._nvmlLib_refcount = nvml_lib, 0
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+    try:
+        yield
+    finally:
+        with pynvml.libLoadLock:
+            pynvml.nvmlLib, pynvml._nvmlLib_refcount = saved
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+@contextlib.contextmanager
+def installed(lib: FakeNvmlLib) -> Iterator[FakeNvmlLib]:
+    """Makes `lib` the library behind the real pynvml, with a fresh init refcount.
+
+    On exit pynvml's previous library and refcount come back, even if NVML was left initialised.
+    """
+    with _pynvml_state(lib):
+        yield lib
+
+
+@contextlib.contextmanager
+def library_missing() -> Iterator[None]:
+    """Makes `pynvml.nvmlInit()` raise NVMLError_LibraryNotFound, even where libnvidia-ml exists."""
+    no_library = OSError("libnvidia-ml.so.1: cannot open shared object file (fake_nvml.library_missing)")
+    with mock.patch.object(pynvml, "CDLL", side_effect=no_library), _pynvml_state(None):
+        yield
