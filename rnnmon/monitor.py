@@ -8,14 +8,12 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import os
-import signal
 import socket
-import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -23,6 +21,7 @@ import keras
 
 from rnnmon import metadata as md
 from rnnmon.devices import select_devices
+from rnnmon.exits import ExitGuard
 from rnnmon.input_timing import unwrap_train_function, wrap_train_function
 from rnnmon.nvml import Nvml
 from rnnmon.recorder import Recorder
@@ -32,6 +31,7 @@ from rnnmon.writer import SummaryWriter
 
 LOG = logging.getLogger("rnnmon")
 NA = math.nan
+_RUNNING: weakref.WeakSet[UtilizationMonitor] = weakref.WeakSet()  # monitors whose fit has not ended yet
 
 
 class UtilizationMonitor(keras.callbacks.Callback):
@@ -81,12 +81,12 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._nvml = Nvml()
         self._active = False
         self._global_step = 0
-        self._atexit_registered = False
+        self._exits = ExitGuard(self._finish)
 
     # --- fit lifecycle ---------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
-        if self._active:  # a previous fit with this instance ended without on_train_end
-            self._finish("aborted")
+        for stale in [m for m in _RUNNING if m is self or m.model is self.model]:
+            stale._finish("aborted")  # its fit raised before on_train_end
         self._clock = time.perf_counter
         self._wall_offset = time.time() - self._clock()
         self._epoch = 0
@@ -110,9 +110,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._run_info = self._describe_run(sampler)
         self._writer.json(md.RUN_TAG, self._run_info)
         self._active = True
+        _RUNNING.add(self)
         self._ticker = Ticker(self.sample_interval_s, self._tick)
         self._ticker.start()
-        self._catch_exits()
+        self._exits.install()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -155,16 +156,14 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._open_phase = ("epoch_end", self._last_end)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        if self._active:
-            self._finish("finished")
+        self._finish("finished")
 
     # --- helpers ---------------------------------------------------------------------------------------
     def _on_wait(self, seconds: float, batches: int) -> None:
         self._wait, self._batches = seconds, batches
 
     def _on_error(self, error: BaseException) -> None:
-        if self._active:
-            self._finish("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
+        self._finish("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
 
     def _close_phase(self, now: float) -> None:
         if self._open_phase is not None:
@@ -181,7 +180,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
 
     def _finish(self, status: str) -> None:
         """Stop sampling, restore Keras, and get everything to disk; safe to call from any exit path."""
+        if not self._active:
+            return
         self._active = False
+        _RUNNING.discard(self)
         self._ticker.stop()
         self._close_phase(self._clock())
         if self.model is not None:
@@ -197,7 +199,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             if self._sampler is not None:
                 self._sampler.close()
             self._nvml.shutdown()
-            self._release_exits()
+            self._exits.release()
 
     def _install_input_timing(self) -> str:
         backend = keras.backend.backend()
@@ -224,34 +226,6 @@ class UtilizationMonitor(keras.callbacks.Callback):
             "gpus": sampler.describe() if sampler else [],
             "nvml": "available" if self._nvml.available else "unavailable",
         }
-
-    def _catch_exits(self) -> None:
-        """Get the record to disk on SIGTERM and at interpreter exit as well."""
-        if not self._atexit_registered:
-            atexit.register(self._at_exit)
-            self._atexit_registered = True
-        self._previous_sigterm = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _release_exits(self) -> None:
-        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous_sigterm)
-            self._previous_sigterm = None
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        previous = self._previous_sigterm
-        if self._active:
-            self._finish("terminated")
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    def _at_exit(self) -> None:
-        if self._active:
-            self._finish("aborted")
 
 
 def _require(ok: bool, name: str, value: Any, rule: str) -> None:

@@ -62,6 +62,7 @@ class Sampler:
     def __init__(self, nvml: Nvml, indices: list[int], clock: Callable[[], float] = time.perf_counter) -> None:
         self._nvml = nvml
         self._clock = clock
+        self._since = clock()  # the driver's buffer also holds ~16 s from before monitoring began
         self.devices = [d for d in (self._open(i) for i in indices) if d is not None]
         self._util: dict[int, list[tuple[float, float]]] = {d.index: [] for d in self.devices}
         self._stats: dict[int, list[tuple[float, ...]]] = {d.index: [] for d in self.devices}
@@ -126,8 +127,8 @@ class Sampler:
                     newest = max(s.timeStamp for s in samples)
                     device.calibration.observe(newest, now)
                     device.last_timestamp_us = newest
-                    rows.extend((device.calibration.to_host(s.timeStamp), float(s.sampleValue.uiVal))
-                                for s in samples)
+                    times = [(device.calibration.to_host(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples]
+                    rows.extend(row for row in times if row[0] >= self._since)
                     return
             else:
                 device.use_buffer = False  # unsupported: fall back to one reading per poll

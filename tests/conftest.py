@@ -1,0 +1,96 @@
+"""Shared pieces for rnnmon's tests: tiny real models, tf.data pipelines with injected stalls, fake NVML.
+
+Only the NVML C library is faked (tests/fake_nvml.py); everything else is the real thing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import numpy as np
+import pytest
+
+TIMESTEPS, FEATURES, BATCH = 16, 8, 32
+
+
+def tiny_model(seed: int = 0, steps_per_execution: int = 1, units: int = 16):
+    """An LSTM regressor: with 16 units about 1.5 ms per step on a CPU."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((TIMESTEPS, FEATURES)), keras.layers.LSTM(units), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+def sequences(batches: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batches * BATCH, TIMESTEPS, FEATURES)).astype("float32")
+    return x, x[:, :, :1].mean(axis=1)
+
+
+def stalled_dataset(batches: int, stall_s: float | Callable[[int], float] = 0.0, *, prefetch: str = "injected",
+                    seed: int = 0):
+    """`batches` batches, each delayed by `stall_s` seconds in Python (`stall_s(i)` for batch i).
+
+    prefetch: "none" (TensorFlow's injected prefetch turned off too), "injected" (TensorFlow's default for a
+    pipeline without prefetch) or "explicit" (`.prefetch(2)`).
+    """
+    import tensorflow as tf
+
+    x, y = sequences(batches, seed)
+    delay = stall_s if callable(stall_s) else (lambda _: stall_s)
+    counter = {"batch": 0}
+
+    def stall(features):
+        seconds = delay(counter["batch"])
+        counter["batch"] += 1
+        if seconds:
+            time.sleep(seconds)
+        return features
+
+    def python_stage(features, labels):
+        out = tf.py_function(stall, [features], tf.float32)
+        out.set_shape(features.shape)
+        return out, labels
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).map(python_stage)
+    if prefetch == "explicit":
+        dataset = dataset.prefetch(2)
+    if prefetch == "none":
+        options = tf.data.Options()
+        options.experimental_optimization.inject_prefetch = False
+        options.autotune.enabled = False
+        dataset = dataset.with_options(options)
+    return dataset
+
+
+@pytest.fixture
+def rnnmon_warnings(caplog):
+    """The warnings rnnmon logged during the test."""
+    caplog.set_level(logging.WARNING, logger="rnnmon")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelno >= logging.WARNING]
+
+
+@pytest.fixture
+def no_nvml():
+    """Guarantee NVML's library cannot load (also on a machine with a GPU)."""
+    from fake_nvml import library_missing
+
+    with library_missing():
+        yield
+
+
+def read_run(logdir: str, run: str = "rnnmon"):
+    from rnnmon.reader import open_logdir, read_runs
+
+    provider, ctx = open_logdir(logdir)
+    return read_runs(provider, ctx)[run]
