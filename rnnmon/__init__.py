@@ -5,8 +5,23 @@ Example:
     >>> model.fit(dataset, callbacks=[rnnmon.UtilizationMonitor("runs/exp1")])
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from rnnmon.findings import Finding
-from rnnmon.monitor import UtilizationMonitor
+
+if TYPE_CHECKING:
+    from rnnmon.monitor import UtilizationMonitor
 
 __all__ = ["Finding", "UtilizationMonitor"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Keras (and with it TensorFlow) loads only when the callback is used, so `rnnmon report` starts fast.
+    if name == "UtilizationMonitor":
+        from rnnmon.monitor import UtilizationMonitor
+
+        return UtilizationMonitor
+    raise AttributeError(f"module 'rnnmon' has no attribute {name!r}")

@@ -51,7 +51,7 @@ class PhaseIntervals:
         """The cause that overlaps [start, end] most; time no phase explains counts as "other"."""
         rows = self._table()
         overlap = np.clip(np.minimum(rows[:, 1], end) - np.maximum(rows[:, 0], start), 0, None)
-        totals = np.bincount(rows[:, 2].astype(int), weights=overlap, minlength=len(GAP_CAUSES))
+        totals = np.bincount(rows[:, 2].astype(int), weights=overlap, minlength=len(GAP_CAUSES)).astype(float)
         totals[GAP_CAUSES.index("other")] = max(0.0, (end - start) - totals.sum())
         return GAP_CAUSES[int(np.argmax(totals))]
 
