@@ -1,0 +1,25 @@
+"""Audit a model and its training input before training: why the GPU will wait, without running a step.
+
+Example:
+    >>> import rnnmon.audit
+    >>> for finding in rnnmon.audit.audit(model, train_ds):
+    ...     print(finding.severity, finding.where, finding.message, "->", finding.advice)
+    warning lstm 'lstm' (LSTM) cannot use the cuDNN kernel: recurrent_dropout=0.2 (...) -> ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rnnmon.findings import Finding, sort_findings
+from rnnmon.pipeline_audit import audit_pipeline
+from rnnmon.rnn_audit import audit_rnn_layers
+
+
+def audit(model: Any, dataset: Any = None, *, batch_size: int | None = None) -> list[Finding]:
+    """RNN-layer and input-pipeline findings, most severe first.
+
+    `dataset` is what you pass to `fit` as `x` (a tf.data.Dataset, a generator, a PyDataset, arrays or
+    None); `batch_size` is fit's batch size where the input does not batch itself.
+    """
+    return sort_findings(audit_rnn_layers(model) + audit_pipeline(dataset, batch_size))

@@ -1,0 +1,235 @@
+"""Static check of a Keras model: which LSTM/GRU layers miss the cuDNN kernel on TensorFlow, and why.
+
+Mirrors Keras 3's TensorFlow-backend rules (keras/src/layers/rnn/lstm.py, gru.py and
+keras/src/backend/tensorflow/rnn.py): the fused cuDNN kernel runs only when `use_cudnn` is "auto" or True,
+`recurrent_dropout == 0`, `activation` is the tanh function object and `recurrent_activation` the sigmoid one
+(keras.activations, keras.ops or tf), `unroll=False`, `use_bias=True` and, for GRU, `reset_after=True`.
+A generic `layers.RNN(layers.LSTMCell(...))` never uses it. Input dropout, `go_backwards` and `stateful` are
+fine. A masked input keeps the kernel but must be right-padded (RNN_MASK_RIGHT_PADDING, info).
+
+Layers are found through nested models, `Bidirectional` (forward and backward checked separately), wrappers
+such as `TimeDistributed`, and custom layers; `where` is the slash path of layer names.
+
+Example:
+    >>> inputs = keras.Input((20, 8))
+    >>> model = keras.Model(inputs, keras.layers.LSTM(16, recurrent_dropout=0.2, name="lstm")(inputs))
+    >>> [(f.code, f.where) for f in audit_rnn_layers(model)]
+    [('RNN_NO_FAST_KERNEL', 'lstm')]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rnnmon.findings import Finding
+
+
+@dataclasses.dataclass(frozen=True)
+class _Blocker:
+    argument: str  # what was found, as constructor argument text: "recurrent_dropout=0.2"
+    why: str
+    replacement: str  # the argument after the fix; "" means drop it (the default is fine)
+
+
+def audit_rnn_layers(model: Any) -> list[Finding]:
+    """RNN_NO_FAST_KERNEL (listing every reason) for each LSTM/GRU that cannot use cuDNN, and
+    RNN_MASK_RIGHT_PADDING for each one fed a padding mask."""
+    import keras
+
+    findings: list[Finding] = []
+    mask_sources = _mask_sources(model)
+    for layer, where, masked in _walk(model, "", False, set()):
+        cells = _lstm_gru_cells(layer.cell)
+        if not cells:
+            continue
+        generic = not isinstance(layer, (keras.layers.LSTM, keras.layers.GRU))
+        prefixed = len(cells) > 1
+        cell_blockers = [
+            b for cell in cells for b in _cell_blockers(cell, f"{cell.name}." if prefixed else "")
+        ]
+        layer_blockers = _layer_blockers(layer)
+        if generic or cell_blockers or layer_blockers:
+            findings.append(_no_kernel_finding(layer, where, cells, layer_blockers, cell_blockers, generic))
+        if masked and not generic:
+            findings.append(_mask_finding(layer, where, mask_sources))
+    return findings
+
+
+def _walk(layer: Any, path: str, masked: bool, seen: set[int]) -> Iterator[tuple[Any, str, bool]]:
+    """Yield (rnn_layer, path, input_is_masked) below `layer`, depth first, each layer once."""
+    import keras
+
+    # Keras's own `Model.layers` is this call; it also reaches wrapped and custom-layer children.
+    for child in layer._flatten_layers(include_self=False, recursive=False):
+        if id(child) in seen:
+            continue
+        seen.add(id(child))
+        child_path = f"{path}/{child.name}" if path else child.name
+        child_masked = masked or _input_is_masked(child)
+        if isinstance(child, keras.layers.RNN):
+            yield child, child_path, child_masked
+        else:
+            # Bidirectional's halves are never called symbolically; they get exactly the wrapper's input.
+            inherited = child_masked and isinstance(child, keras.layers.Bidirectional)
+            yield from _walk(child, child_path, inherited, seen)
+
+
+def _input_is_masked(layer: Any) -> bool:
+    """Whether the layer's first input in its functional graph carries a Keras mask."""
+    import keras
+
+    try:
+        inputs = layer.input
+    except (AttributeError, ValueError):  # never called symbolically (subclassed model, wrapped half)
+        return False
+    first = keras.tree.flatten(inputs)[:1]  # an InputLayer has none
+    return bool(first) and getattr(first[0], "_keras_mask", None) is not None
+
+
+def _mask_sources(model: Any) -> list[str]:
+    import keras
+
+    sources = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.Masking):
+            sources.append(f"'{layer.name}' (Masking)")
+        elif isinstance(layer, keras.layers.Embedding) and layer.mask_zero:
+            sources.append(f"'{layer.name}' (Embedding(mask_zero=True))")
+    return sources
+
+
+def _lstm_gru_cells(cell: Any) -> list[Any]:
+    import keras
+
+    cells = cell.cells if isinstance(cell, keras.layers.StackedRNNCells) else [cell]
+    return [c for c in cells if isinstance(c, (keras.layers.LSTMCell, keras.layers.GRUCell))]
+
+
+def _layer_blockers(layer: Any) -> list[_Blocker]:
+    blockers = []
+    if getattr(layer, "use_cudnn", "auto") is False:  # a generic RNN has no such argument
+        blockers.append(_Blocker("use_cudnn=False", "cuDNN switched off explicitly", ""))
+    if layer.unroll:
+        blockers.append(_Blocker("unroll=True", "cuDNN runs the whole sequence in one fused kernel", ""))
+    return blockers
+
+
+def _cell_blockers(cell: Any, prefix: str) -> list[_Blocker]:
+    import keras
+
+    blockers = []
+    if cell.recurrent_dropout:
+        rate = cell.recurrent_dropout
+        replacement = f"dropout={(cell.dropout or rate)!r}"  # input dropout keeps cuDNN
+        blockers.append(_Blocker(f"recurrent_dropout={rate!r}", "no recurrent dropout in cuDNN", replacement))
+    if not _is_one_of(cell.activation, "tanh"):
+        blockers.append(
+            _Blocker(
+                f"activation={_function_name(cell.activation)}",
+                "cuDNN needs the tanh function object: 'tanh', keras.ops.tanh or tf.tanh",
+                "",
+            )
+        )
+    if not _is_one_of(cell.recurrent_activation, "sigmoid"):
+        blockers.append(
+            _Blocker(
+                f"recurrent_activation={_function_name(cell.recurrent_activation)}",
+                "cuDNN needs the sigmoid function object: 'sigmoid', keras.ops.sigmoid or tf.sigmoid",
+                "",
+            )
+        )
+    if not cell.use_bias:
+        blockers.append(_Blocker("use_bias=False", "cuDNN kernels always add a bias", ""))
+    if isinstance(cell, keras.layers.GRUCell) and not cell.reset_after:
+        blockers.append(_Blocker("reset_after=False", "cuDNN implements only the reset_after=True GRU", ""))
+    return [dataclasses.replace(b, argument=prefix + b.argument) for b in blockers]
+
+
+def _is_one_of(function: Callable[..., Any], name: str) -> bool:
+    """Identity check against Keras's accepted function objects; tf's only if TensorFlow is loaded."""
+    import keras
+
+    accepted = [getattr(keras.activations, name), getattr(keras.ops, name)]
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        accepted.append(getattr(tf, name))
+    return any(function is candidate for candidate in accepted)
+
+
+def _function_name(function: Callable[..., Any]) -> str:
+    name = getattr(function, "__name__", type(function).__name__)
+    return name if name.startswith("<") else repr(name)
+
+
+def _no_kernel_finding(
+    layer: Any,
+    where: str,
+    cells: list[Any],
+    layer_blockers: list[_Blocker],
+    cell_blockers: list[_Blocker],
+    generic: bool,
+) -> Finding:
+    reasons = [f"{b.argument} ({b.why})" for b in layer_blockers + cell_blockers]
+    if generic:
+        names = ", ".join(f"{type(c).__name__} '{c.name}'" for c in cells)
+        reasons.insert(0, f"generic layers.RNN around {names} (only layers.LSTM and layers.GRU reach cuDNN)")
+    message = (
+        f"'{layer.name}' ({type(layer).__name__}) cannot use the cuDNN kernel: {'; '.join(reasons)}. "
+        "Keras runs the step-by-step loop instead, typically several times slower on a GPU."
+    )
+    if len(cells) > 1:
+        advice = _stacked_advice(layer, cells, layer_blockers + cell_blockers)
+    else:
+        advice = _single_advice(layer, cells[0], layer_blockers, cell_blockers, generic)
+    return Finding("RNN_NO_FAST_KERNEL", "warning", where, message, advice)
+
+
+def _single_advice(
+    layer: Any, cell: Any, layer_blockers: list[_Blocker], cell_blockers: list[_Blocker], generic: bool
+) -> str:
+    target = _layer_class(cell)
+    kept = [b.replacement for b in layer_blockers + cell_blockers if b.replacement]
+    after = f"layers.{target}({_args(cell.units, kept)})"
+    if generic:
+        cell_call = f"layers.{type(cell).__name__}({_args(cell.units, [b.argument for b in cell_blockers])})"
+        before = f"layers.RNN({_args(cell_call, [b.argument for b in layer_blockers])})"
+    else:
+        before = f"layers.{target}({_args(cell.units, [b.argument for b in layer_blockers + cell_blockers])})"
+    return f"`{before}` → `{after}`"
+
+
+def _stacked_advice(layer: Any, cells: list[Any], blockers: list[_Blocker]) -> str:
+    sequences = [True] * (len(cells) - 1) + [layer.return_sequences]
+    stack = ", ".join(
+        f"`layers.{_layer_class(c)}({_args(c.units, ['return_sequences=True'] if seq else [])})`"
+        for c, seq in zip(cells, sequences)
+    )
+    changes = "".join(f"; {b.argument} → {b.replacement or 'the default'}" for b in blockers)
+    return f"`layers.RNN(layers.StackedRNNCells([...]))` → {stack}{changes}"
+
+
+def _layer_class(cell: Any) -> str:
+    import keras
+
+    return "LSTM" if isinstance(cell, keras.layers.LSTMCell) else "GRU"
+
+
+def _args(first: object, rest: list[str]) -> str:
+    return ", ".join([str(first), *rest])
+
+
+def _mask_finding(layer: Any, where: str, sources: list[str]) -> Finding:
+    origin = f" from {', '.join(sources)}" if sources else ""
+    message = (
+        f"'{layer.name}' ({type(layer).__name__}) receives a padding mask{origin}. The cuDNN kernel still "
+        "runs, but only for strictly right-padded sequences with no all-padding rows; Keras raises at run "
+        "time on any other mask."
+    )
+    advice = (
+        "Pad at the end: `keras.utils.pad_sequences(seqs, padding='post')`, and drop empty sequences; "
+        f"if you need left padding, pass `use_cudnn=False` to '{layer.name}' (slower)."
+    )
+    return Finding("RNN_MASK_RIGHT_PADDING", "info", where, message, advice)
