@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from rnnmon import metadata as md
+from rnnmon.diagnosis import measured_findings, summary_line
+from rnnmon.findings import Finding, sort_findings
 from rnnmon.reader import RunData
 
 INPUT_BOUND_SHARE = 0.20  # the profiler's "highly input-bound"
@@ -60,12 +62,28 @@ def summarize(run: RunData) -> dict[str, Any]:
         "gpus": [_gpu(run, index) for index in sorted(run.util)],
         "idle_gaps": _gaps(run.gaps),
         "idle_by_cause_s": _idle_by_cause(run.gaps),
-        "findings": run.findings,
-        "alerts": run.alerts,
+        "shares": {"input": _ratio(np.nansum(wait), step_total) if measured else None,
+                   "host": _ratio(gap.sum(), step_total)},
+        "alerts": merge_alerts(run.alerts),
         "errors": run.errors,
     }
-    summary["verdict"] = verdict(summary["steps"], np.nansum(wait) if measured else 0.0, gap.sum(), step_total)
+    summary["verdict"] = verdict(len(steps), np.nansum(wait) if measured else 0.0, gap.sum(), step_total)
+    recorded = [Finding(**f) for f in run.findings if isinstance(f, dict) and set(f) == set(Finding.__annotations__)]
+    summary["findings"] = [f.to_dict() for f in sort_findings(recorded + measured_findings(summary))]
+    summary["summary"] = summary_line(summary)
     return summary
+
+
+def merge_alerts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per alert (rule, device, start, end, value, threshold, message) from its fire/resolve events."""
+    alerts: dict[tuple, dict[str, Any]] = {}
+    for event in events:
+        key = (event.get("rule"), event.get("device"), event.get("start"))
+        if event.get("state") == "firing" or key not in alerts:
+            alerts.setdefault(key, {k: v for k, v in event.items() if k != "state"} | {"end": None})
+        if event.get("state") == "resolved":
+            alerts[key]["end"] = event.get("end")
+    return sorted(alerts.values(), key=lambda a: a.get("start") or 0)
 
 
 def verdict(steps: int, wait_s: float, gap_s: float, step_total_s: float) -> str:

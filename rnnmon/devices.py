@@ -96,3 +96,16 @@ def framework_gpu_count() -> int | None:
         return len(tf.config.get_visible_devices("GPU"))
     except Exception:
         return None
+
+
+def process_on_devices(nvml: Nvml, indices: list[int]) -> bool | None:
+    """True if NVML lists this process on one of `indices`; False only if those GPUs list no process at all.
+
+    Inside a container NVML reports host process ids, so "other processes but not ours" means unknown (None).
+    """
+    if not indices:
+        return None
+    listed = set().union(*(_pids_on(nvml, i) for i in indices))
+    if os.getpid() in listed:
+        return True
+    return False if not listed else None

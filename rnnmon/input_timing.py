@@ -21,8 +21,12 @@ _ORIGINAL = "__rnnmon_original__"
 
 
 def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
-                        on_error: Callable[[BaseException], None]) -> None:
-    """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit)."""
+                        on_error: Callable[[BaseException], None],
+                        on_iterator: Callable[[Any], None] | None = None) -> None:
+    """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit).
+
+    `on_iterator` is called once, with the first iterator the function is given.
+    """
     import tensorflow as tf
 
     unwrap_train_function(model)
@@ -31,9 +35,14 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
     iterator_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
     clock = time.perf_counter
 
+    first = [on_iterator]
+
     def timed_train_function(iterator: Any) -> Any:
         if not isinstance(iterator, iterator_types):
             return original(iterator)
+        if first[0] is not None:
+            first.pop()(iterator)
+            first.append(None)
         try:
             start = clock()
             batches = list(itertools.islice(iterator, per_execution))
@@ -49,6 +58,20 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
 
     setattr(timed_train_function, _ORIGINAL, original)
     model.train_function = timed_train_function
+
+
+def peek_first_iterator(model: Any, on_iterator: Callable[[Any], None]) -> None:
+    """Hand the first iterator `model.train_function` gets to `on_iterator`, then step aside."""
+    unwrap_train_function(model)
+    original = model.train_function
+
+    def peeking_train_function(iterator: Any) -> Any:
+        model.train_function = original
+        on_iterator(iterator)
+        return original(iterator)
+
+    setattr(peeking_train_function, _ORIGINAL, original)
+    model.train_function = peeking_train_function
 
 
 def unwrap_train_function(model: Any) -> None:

@@ -8,24 +8,33 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import socket
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import keras
 
 from rnnmon import metadata as md
-from rnnmon.devices import select_devices
+from rnnmon.alerting import Alerting
+from rnnmon.alerts import AlertEvent
+from rnnmon.devices import framework_gpu_count, process_on_devices, select_devices
 from rnnmon.exits import ExitGuard
-from rnnmon.input_timing import unwrap_train_function, wrap_train_function
+from rnnmon.findings import Finding, sort_findings
+from rnnmon.input_timing import peek_first_iterator, unwrap_train_function, wrap_train_function
 from rnnmon.nvml import Nvml
+from rnnmon.pipeline_audit import audit_pipeline
+from rnnmon.placement_audit import audit_placement
+from rnnmon.profiling import ProfileCapture
 from rnnmon.recorder import Recorder
+from rnnmon.rnn_audit import audit_rnn_layers
 from rnnmon.sampler import Sampler
+from rnnmon.thresholds import Thresholds
 from rnnmon.ticker import Ticker
 from rnnmon.writer import SummaryWriter
 
@@ -52,6 +61,18 @@ class UtilizationMonitor(keras.callbacks.Callback):
         measure_input_wait: Pull batches eagerly to time the input wait (TensorFlow backend). `None` does it
             when `steps_per_execution == 1`; with larger values it would cost the in-graph loop (about 0.3 ms
             per batch), so it is off unless set to True. Defaults to `None`.
+        thresholds: Alert thresholds, a `rnnmon.Thresholds` or a dict of the same shape. A thresholds file
+            saved by the TensorBoard tab in `log_dir` or up to three folders above it replaces them within one
+            flush while `watch_thresholds` is True. Defaults to `Thresholds()`.
+        on_alert: Called with each `AlertEvent` (firing and resolved), on rnnmon's background thread.
+            Defaults to `None`.
+        stop_on_alert: Stop training when an alert fires: True for any rule, or a list of rule names.
+            Defaults to `False`.
+        profile_steps_on_alert: Capture a profiler trace of this many steps after the first alert, into
+            `log_dir/rnnmon` (TensorBoard's Profile tab). Defaults to `0` (off).
+        watch_thresholds: Follow the thresholds file saved by the tab. Defaults to `True`.
+        audit: Check the model's RNN layers, the input pipeline and device placement at the start and record
+            the findings. Defaults to `True`.
 
     Example:
         ```python
@@ -61,7 +82,11 @@ class UtilizationMonitor(keras.callbacks.Callback):
 
     def __init__(self, log_dir: str, *, devices: Literal["auto", "all"] | Sequence[int] = "auto",
                  sample_interval_s: float = 0.5, flush_secs: float = 2.0, idle_pct: float = 5.0,
-                 min_gap_ms: float = 10.0, measure_input_wait: bool | None = None) -> None:
+                 min_gap_ms: float = 10.0, measure_input_wait: bool | None = None,
+                 thresholds: Thresholds | dict[str, Any] | None = None,
+                 on_alert: Callable[[AlertEvent], None] | None = None,
+                 stop_on_alert: bool | Sequence[str] = False, profile_steps_on_alert: int = 0,
+                 watch_thresholds: bool = True, audit: bool = True) -> None:
         super().__init__()
         _require(0.05 <= sample_interval_s <= 60, "sample_interval_s", sample_interval_s, "between 0.05 and 60")
         _require(0 < flush_secs <= 5, "flush_secs", flush_secs, "in (0, 5]")
@@ -78,6 +103,18 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self.idle_pct = idle_pct
         self.min_gap_s = min_gap_ms / 1e3
         self.measure_input_wait = measure_input_wait
+        self.thresholds = thresholds if isinstance(thresholds, Thresholds) else Thresholds.from_dict(thresholds or {})
+        rules = [f.name for f in dataclasses.fields(Thresholds)]
+        if not isinstance(stop_on_alert, bool):
+            unknown = [rule for rule in stop_on_alert if rule not in rules]
+            _require(not unknown, "stop_on_alert", list(stop_on_alert), f"True, False or rule names from {rules}")
+        _require(isinstance(profile_steps_on_alert, int) and profile_steps_on_alert >= 0, "profile_steps_on_alert",
+                 profile_steps_on_alert, "an integer >= 0")
+        self.on_alert = on_alert
+        self.stop_on_alert = stop_on_alert
+        self.profile_steps_on_alert = profile_steps_on_alert
+        self.watch_thresholds = watch_thresholds
+        self.audit = audit
         self._nvml = Nvml()
         self._active = False
         self._global_step = 0
@@ -104,11 +141,16 @@ class UtilizationMonitor(keras.callbacks.Callback):
             if self._nvml.available else None
         self._sampler = sampler
         self._writer = SummaryWriter(self.run_dir)
+        self._profile = ProfileCapture(self.run_dir, self.profile_steps_on_alert)
+        self._alerting = Alerting(self.thresholds, log_dir=self.log_dir, writer=self._writer,
+                                  wall_offset_s=self._wall_offset, on_alert=self.on_alert, on_fire=self._on_fire,
+                                  watch_file=self.watch_thresholds)
         self._recorder = Recorder(self._writer, sampler, self._wall_offset, idle_pct=self.idle_pct,
-                                  min_gap_s=self.min_gap_s)
+                                  min_gap_s=self.min_gap_s, on_chunk=self._alerting.on_chunk)
         self._input_timing = self._install_input_timing()
         self._run_info = self._describe_run(sampler)
         self._writer.json(md.RUN_TAG, self._run_info)
+        self._findings = self._audit_setup() if self.audit else []
         self._active = True
         _RUNNING.add(self)
         self._ticker = Ticker(self.sample_interval_s, self._tick)
@@ -135,6 +177,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._recorder.add_phase("warmup", self._fit_begin, end)
             gap = NA
         self._recorder.add_step((self._global_step, self._epoch, self._begin, end, self._wait, gap, batches))
+        if self._profile.pending:
+            self._profile.on_step()
         self._last_end = end
 
     def on_test_begin(self, logs: dict | None = None) -> None:
@@ -192,6 +236,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             if self._sampler is not None:
                 self._sampler.poll()
             self._recorder.flush(horizon=math.inf, final=True)
+            self._alerting.finish(self._clock())
+            self._profile.close()
             self._run_info.update(status=status, end=time.time(), steps=self._global_step)
             self._writer.json(md.RUN_TAG, self._run_info)
         finally:
@@ -211,11 +257,55 @@ class UtilizationMonitor(keras.callbacks.Callback):
                             "part of the host gap.", backend)
             return f"not measured: the {backend} backend"
         if not wanted:
+            if self.audit:
+                peek_first_iterator(self.model, self._audit_pipeline)
             return f"not measured: steps_per_execution={per_execution}"
         if getattr(self.model, "train_function", None) is None:
             self.model.make_train_function()
-        wrap_train_function(self.model, self._on_wait, self._on_error)
+        on_iterator = self._audit_pipeline if self.audit else None
+        wrap_train_function(self.model, self._on_wait, self._on_error, on_iterator)
         return "measured"
+
+    def _on_fire(self, event: AlertEvent) -> None:
+        stop = self.stop_on_alert
+        if stop is True or (not isinstance(stop, bool) and event.rule in stop):
+            LOG.warning("rnnmon: stopping training because %s fired (stop_on_alert).", event.rule)
+            self.model.stop_training = True
+        self._profile.request(event.rule)
+
+    def _audit_setup(self) -> list[Finding]:
+        """RNN layers and device placement, checked once per fit before the first step."""
+        findings = audit_rnn_layers(self.model)
+        framework = framework_gpu_count()
+        if self._nvml.available and framework is not None:
+            nvml_count = self._nvml.query("nvmlDeviceGetCount", label="device count") or 0
+            indices = [d["index"] for d in self._sampler.describe()] if self._sampler else []
+            findings += audit_placement(nvml_count, framework, process_on_devices(self._nvml, indices))
+        self._report_findings(findings)
+        return findings
+
+    def _audit_pipeline(self, iterator: Any) -> None:
+        """The input pipeline, reached through the first iterator Keras hands the train function."""
+        dataset = getattr(iterator, "_dataset", None)
+        if dataset is None:
+            LOG.info("rnnmon: the input pipeline could not be reached from the callback; run "
+                     "rnnmon.audit(model, dataset) to check it.")
+            return
+        try:
+            found = audit_pipeline(dataset)
+        except Exception as error:  # auditing must never stop training
+            LOG.info("rnnmon: the input pipeline audit failed (%s: %s)", type(error).__name__, error)
+            return
+        self._report_findings(found)
+        self._findings = self._findings + found
+
+    def _report_findings(self, findings: list[Finding]) -> None:
+        for finding in findings:
+            level = logging.INFO if finding.severity == "info" else logging.WARNING
+            LOG.log(level, "rnnmon %s %s at %s: %s Fix: %s", finding.severity, finding.code, finding.where,
+                    finding.message, finding.advice)
+        everything = sort_findings([*getattr(self, "_findings", []), *findings])
+        self._writer.json(md.FINDINGS_TAG, [f.to_dict() for f in everything])
 
     def _describe_run(self, sampler: Sampler | None) -> dict[str, Any]:
         return {

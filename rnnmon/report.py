@@ -26,18 +26,36 @@ def build_report(logdir: str) -> dict[str, Any]:
         raise FileNotFoundError(f"no such log directory: {logdir}")
     provider, ctx = open_logdir(logdir)
     runs = read_runs(provider, ctx)
-    return {"runs": [summarize(runs[name]) for name in sorted(runs)]}
+    summaries = [summarize(runs[name]) for name in sorted(runs)]
+    return {"runs": summaries, "comparison": compare(summaries)}
+
+
+def compare(summaries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The slowest and the fastest run by median step time, and the speedup between them."""
+    timed = [s for s in summaries if s["step_ms"]["median"] and s["verdict"] != "insufficient-data"]
+    if len(timed) < 2:
+        return None
+    slow = max(timed, key=lambda s: s["step_ms"]["median"])
+    fast = min(timed, key=lambda s: s["step_ms"]["median"])
+    return {"slowest": slow["run"], "fastest": fast["run"],
+            "speedup": round(slow["step_ms"]["median"] / fast["step_ms"]["median"], 2)}
 
 
 def render_text(report: dict[str, Any]) -> str:
     if not report["runs"]:
         return "No rnnmon data found. Add rnnmon.UtilizationMonitor(log_dir) to model.fit(callbacks=[...])."
-    return "\n\n".join(_render_run(run) for run in report["runs"])
+    text = "\n\n".join(_render_run(run) for run in report["runs"])
+    comparison = report.get("comparison")
+    if comparison:
+        text += (f"\n\nSpeedup: {comparison['fastest']} takes a {comparison['speedup']:.1f}x shorter median step "
+                 f"than {comparison['slowest']}.")
+    return text
 
 
 def _render_run(run: dict[str, Any]) -> str:
     lines = [f"Run {run['run']}  ({run['backend'] or '?'} backend, {run['status']}, {run['steps']} steps, "
-             f"{run['wall_s']:.1f} s)", f"  verdict        {VERDICT_TEXT.get(run['verdict'], run['verdict'])}"]
+             f"{run['wall_s']:.1f} s)", f"  verdict        {VERDICT_TEXT.get(run['verdict'], run['verdict'])}",
+             f"  summary        {run['summary']}"]
     step, wait = run["step_ms"], run["input_wait_ms"]
     lines.append(f"  step time      median {_ms(step['median'])}, p90 {_ms(step['p90'])}")
     if wait is None:

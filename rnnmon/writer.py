@@ -13,7 +13,9 @@ Example:
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ class SummaryWriter:
         self._writer = EventFileWriter(run_dir, max_queue_size=1000, flush_secs=5)
         self._sequence = 0
         self._described: set[str] = set()
+        self._lock = threading.Lock()
 
     def table(self, tag: str, rows: Any, **extra: Any) -> None:
         """One chunk of float64 rows for `tag`; `extra` goes into the tag's metadata (first write only)."""
@@ -41,21 +44,18 @@ class SummaryWriter:
                 dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]),
             tensor_content=array.tobytes(),
         )
-        self._add(tag, proto, self._metadata(tag, extra), self._next_sequence())
+        self._add(tag, proto, lambda: tensor_metadata(tag, **extra))
 
     def json(self, tag: str, value: Any) -> None:
         """A JSON document (run description, findings, alerts) as a string tensor."""
         proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[json.dumps(value).encode()])
-        self._add(tag, proto, self._metadata(tag, {}), self._next_sequence())
+        self._add(tag, proto, lambda: tensor_metadata(tag))
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """A standard scalar, shown in TensorBoard's Scalars tab beside the loss."""
         proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[value])
-        metadata = None
-        if tag not in self._described:
-            self._described.add(tag)
-            metadata = scalar_metadata.create_summary_metadata(display_name=tag, description="")
-        self._add(tag, proto, metadata, step)
+        self._add(tag, proto, lambda: scalar_metadata.create_summary_metadata(display_name=tag, description=""),
+                  step)
 
     def flush(self) -> None:
         self._writer.flush()
@@ -63,20 +63,15 @@ class SummaryWriter:
     def close(self) -> None:
         self._writer.close()
 
-    def _metadata(self, tag: str, extra: dict[str, Any]) -> summary_pb2.SummaryMetadata | None:
-        if tag in self._described:
-            return None
-        self._described.add(tag)
-        return tensor_metadata(tag, **extra)
-
-    def _next_sequence(self) -> int:
-        self._sequence = max(self._sequence + 1, int(time.time() * 1000))
-        return self._sequence
-
-    def _add(self, tag: str, proto: tensor_pb2.TensorProto, metadata: summary_pb2.SummaryMetadata | None,
-             step: int) -> None:
+    def _add(self, tag: str, proto: tensor_pb2.TensorProto,
+             metadata: Callable[[], summary_pb2.SummaryMetadata], step: int | None = None) -> None:
+        """Append one value; metadata goes with a tag's first value, tensor tags get the next sequence step."""
         value = summary_pb2.Summary.Value(tag=tag, tensor=proto)
-        if metadata is not None:
-            value.metadata.CopyFrom(metadata)
-        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=step,
-                                               summary=summary_pb2.Summary(value=[value])))
+        with self._lock:  # the training thread and the background thread both write
+            if tag not in self._described:
+                self._described.add(tag)
+                value.metadata.CopyFrom(metadata())
+            if step is None:
+                self._sequence = step = max(self._sequence + 1, int(time.time() * 1000))
+            self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=step,
+                                                   summary=summary_pb2.Summary(value=[value])))
