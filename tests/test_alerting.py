@@ -1,0 +1,126 @@
+"""Alerts on real fits: thresholds in the callback, hooks, stopping, profiling, and a thresholds file."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import read_run, stalled_dataset, tiny_model
+from fake_nvml import FakeGpu, FakeNvmlLib, installed
+from test_gpu_sampling import IdleWindows
+
+from rnnmon import UtilizationMonitor
+from rnnmon.analysis import summarize
+from rnnmon.thresholds import THRESHOLDS_FILE, Thresholds, save_thresholds_file
+
+FAST = {"gpu_util_low": {"pct": 20.0, "resolve_pct": 30.0, "for_s": 0.5}}
+
+
+def _dip_at(index: int, seconds: float, windows: IdleWindows):
+    def delay(batch: int) -> float:
+        if batch == index:
+            windows.open()
+            time.sleep(seconds)
+            windows.close()
+        return 0.005
+
+    return delay
+
+
+def test_alert_fires_resolves_and_reaches_hook_log_and_report(tmp_path, caplog):
+    windows, events = IdleWindows(), []
+    gpu = FakeGpu(utilization=windows.utilization, pids=[os.getpid()])
+    with installed(FakeNvmlLib([gpu])):
+        tiny_model().fit(stalled_dataset(200, _dip_at(60, 2.0, windows)), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(tmp_path), thresholds=FAST, on_alert=events.append,
+                                                       audit=False)])
+    fired = [e for e in events if e.rule == "gpu_util_low"]
+    assert [e.state for e in fired] == ["firing", "resolved"]
+    (start, end), = windows.windows
+    assert start < fired[0].start < end and start + 0.4 < fired[1].end < end + 1.0
+    assert any("rnnmon alert gpu_util_low (GPU 0)" in r.getMessage() for r in caplog.records)
+    alerts = summarize(read_run(str(tmp_path)))["alerts"]
+    alert = next(a for a in alerts if a["rule"] == "gpu_util_low")
+    assert {"rule", "device", "start", "end", "value", "threshold"} <= set(alert)
+    assert alert["device"] == 0 and alert["end"] is not None and alert["value"] < 20
+
+
+def test_stop_on_alert_ends_training_early(tmp_path):
+    windows = IdleWindows()
+    with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
+        model = tiny_model()
+        model.fit(stalled_dataset(400, _dip_at(30, 3.0, windows)), epochs=1, verbose=0,
+                  callbacks=[UtilizationMonitor(str(tmp_path), thresholds=FAST, stop_on_alert=["gpu_util_low"],
+                                                audit=False)])
+    assert 30 < len(read_run(str(tmp_path)).steps) < 400
+
+
+def test_profile_is_captured_after_an_alert(tmp_path):
+    windows = IdleWindows()
+    with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
+        tiny_model().fit(stalled_dataset(300, _dip_at(30, 2.0, windows)), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(tmp_path), thresholds=FAST, profile_steps_on_alert=5,
+                                                       audit=False)])
+    traces = glob.glob(str(tmp_path / "rnnmon" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert len(traces) == 1 and os.path.getsize(traces[0]) > 0
+
+
+@pytest.mark.parametrize(("thresholds", "words"), [
+    ({"gpu_util_low": {"pct": 150}}, "gpu_util_low.pct must be in [0, 100]. Received: 150"),
+    ({"gpu_utl_low": {}}, "Unknown key(s) in thresholds: gpu_utl_low"),
+    ({"idle_gap": {"min_s": "ten"}}, "idle_gap.min_s must be a finite number"),
+])
+def test_invalid_thresholds_are_rejected_by_name(thresholds, words):
+    with pytest.raises(ValueError) as error:
+        UtilizationMonitor("logs", thresholds=thresholds)
+    assert words in str(error.value)
+
+
+def test_unknown_stop_rule_is_rejected():
+    with pytest.raises(ValueError, match="Received: stop_on_alert="):
+        UtilizationMonitor("logs", stop_on_alert=["gpu_too_hot"])
+
+
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {tests!r})
+    from conftest import stalled_dataset, tiny_model
+    from fake_nvml import FakeGpu, FakeNvmlLib, installed
+    from rnnmon import UtilizationMonitor
+
+    with installed(FakeNvmlLib([FakeGpu(utilization=60.0, pids=[os.getpid()])])):
+        tiny_model().fit(stalled_dataset(10_000, 0.005), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor({logdir!r}, thresholds={{"gpu_util_low": {{"for_s": 1.0}}}},
+                                                       stop_on_alert=True, audit=False)])
+""")
+
+
+def test_thresholds_file_reaches_a_running_fit(tmp_path):
+    """At 60% utilization nothing fires, until a saved file raises the bar to 80%: the fit then stops itself."""
+    run_dir = tmp_path / "exp"
+    script = CHILD.format(tests=os.path.dirname(__file__), logdir=str(run_dir))
+    child = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not glob.glob(str(run_dir / "rnnmon" / "events*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)
+        assert child.poll() is None  # no alert at the callback's thresholds
+        raised = Thresholds.from_dict({"gpu_util_low": {"pct": 80.0, "resolve_pct": 85.0, "for_s": 1.0}})
+        save_thresholds_file(tmp_path / THRESHOLDS_FILE, raised)  # one folder above the run, as the tab saves
+        saved_at = time.monotonic()
+        assert child.wait(timeout=60) == 0
+        assert time.monotonic() - saved_at < 10
+    finally:
+        child.kill()
+        stderr = child.stderr.read()
+    assert "alert thresholds now come from" in stderr and "rnnmon alert gpu_util_low" in stderr
+    alerts = summarize(read_run(str(run_dir)))["alerts"]
+    assert next(a["threshold"] for a in alerts if a["rule"] == "gpu_util_low") == 80.0
+    assert json.loads((tmp_path / THRESHOLDS_FILE).read_text())["gpu_util_low"]["pct"] == 80.0
