@@ -1,0 +1,40 @@
+"""Loads the rnnmon tab, and makes TensorBoard keep every rnnmon sample.
+
+TensorBoard keeps 10 tensor samples per tag (Python loader) or 100 (Rust data server) for plugins it does not
+know; rnnmon writes a chunk every 2 s, so a long run would lose data. `fix_flags` runs before the data ingester
+is built, so it sets `--samples_per_plugin rnnmon=0` ("all") unless the user chose a value for rnnmon.
+
+Example:
+    >>> flags = argparse.Namespace(samples_per_plugin={"images": 50})
+    >>> RnnmonLoader().fix_flags(flags)
+    >>> flags.samples_per_plugin
+    {'images': 50, 'rnnmon': 0}
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from tensorboard.plugins import base_plugin
+
+PLUGIN_NAME = "rnnmon"  # rnnmon.metadata.PLUGIN_NAME, kept here so this module imports nothing heavy
+KEEP_ALL = 0  # a sample count of 0 keeps every sample, in both loaders
+LOG = logging.getLogger(__name__)
+
+
+class RnnmonLoader(base_plugin.TBLoader):
+    """The `tensorboard_plugins` entry point: keep all rnnmon samples, then build `RnnmonPlugin`."""
+
+    def fix_flags(self, flags: argparse.Namespace) -> None:
+        samples = dict(getattr(flags, "samples_per_plugin", None) or {})
+        samples.setdefault(PLUGIN_NAME, KEEP_ALL)
+        flags.samples_per_plugin = samples
+
+    def load(self, context: base_plugin.TBContext) -> base_plugin.TBPlugin | None:
+        try:
+            from rnnmon_tensorboard.plugin import RnnmonPlugin
+        except ImportError as error:  # a broken install must not take TensorBoard down with it
+            LOG.error("rnnmon: the TensorBoard tab is unavailable: %s", error)
+            return None
+        return RnnmonPlugin(context)

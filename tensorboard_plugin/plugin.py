@@ -1,0 +1,229 @@
+"""The rnnmon tab's HTTP backend: run list, downsampled timelines, summaries, and the page's static files.
+
+Routes are thin; the work is in the `*_impl` methods, which return plain data. Everything is read through
+TensorBoard's data provider, so the Rust data server and the Python loader both work. See `http_api.md`.
+
+Example:
+    >>> plugin = RnnmonPlugin(base_plugin.TBContext(logdir="runs", data_provider=provider))
+    >>> plugin.timeline_impl(ctx, "", "exp1/rnnmon", start=None, end=None, points=800)["steps"]["total"]
+    1200
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import importlib.util
+import json
+import math
+import os
+import threading
+import time
+from typing import Any
+
+from tensorboard import errors, plugin_util
+from tensorboard.backend import http_util
+from tensorboard.data import provider as tb_provider
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from rnnmon import metadata as md
+from rnnmon.analysis import summarize
+from rnnmon.reader import ALL_SAMPLES, RunData, read_runs
+from rnnmon.report import VERDICT_TEXT
+
+from .timeline import build_timeline
+
+STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
+LIVE_WINDOW_S = 30.0  # a running run whose last write is older than this is shown as stalled
+DEFAULT_POINTS, MAX_POINTS = 1000, 20000
+SUMMARY_GAPS = 20  # the longest idle gaps listed in /summary (all of them are in /timeline)
+CACHE_RUNS = 8
+
+
+class RunDataError(errors.PublicError):
+    """A run whose rnnmon data cannot be read (HTTP 500); other runs are unaffected."""
+
+    http_code = 500
+
+
+class RnnmonPlugin(base_plugin.TBPlugin):
+    """Serves the rnnmon tab. TensorBoard lists it as active when the data provider holds rnnmon data."""
+
+    plugin_name = md.PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext) -> None:
+        self._data_provider = context.data_provider
+        self._cache: collections.OrderedDict[tuple[str, str], tuple[Any, RunData]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._plotly_gz: bytes | None = None
+
+    def get_plugin_apps(self) -> dict[str, Any]:
+        return {
+            "/index.js": _static_file("index.js", "text/javascript"),
+            "/style.css": _static_file("style.css", "text/css"),
+            "/plotly.min.js": self._serve_plotly,
+            "/runs": self._serve_runs,
+            "/timeline": self._serve_timeline,
+            "/summary": self._serve_summary,
+        }
+
+    def is_active(self) -> bool:
+        return False  # only asked when the provider lists no rnnmon data (see `data_plugin_names`)
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="RNN Monitor")
+
+    # --- routes ----------------------------------------------------------------------------------------
+    @wrappers.Request.application
+    def _serve_plotly(self, request: wrappers.Request) -> wrappers.Response:
+        return http_util.Respond(request, self._plotly_bundle(), "text/javascript", content_encoding="gzip",
+                                 expires=3600)
+
+    @wrappers.Request.application
+    def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        return http_util.Respond(request, self.runs_impl(ctx, experiment), "application/json")
+
+    @wrappers.Request.application
+    def _serve_timeline(self, request: wrappers.Request) -> wrappers.Response:
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        args = request.args
+        start, end = _number(args, "start"), _number(args, "end")
+        if start is not None and end is not None and start >= end:
+            raise errors.InvalidArgumentError(f"start must be less than end: start={start!r}, end={end!r}")
+        points = _points(args.get("points"))
+        body = self.timeline_impl(ctx, experiment, _run(args), start, end, points)
+        return http_util.Respond(request, body, "application/json")
+
+    @wrappers.Request.application
+    def _serve_summary(self, request: wrappers.Request) -> wrappers.Response:
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        return http_util.Respond(request, self.summary_impl(ctx, experiment, _run(request.args)), "application/json")
+
+    # --- work --------------------------------------------------------------------------------------------
+    def runs_impl(self, ctx: Any, experiment: str) -> dict[str, Any]:
+        """Every run with rnnmon data: status from its newest run description, and whether it is live."""
+        listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=md.PLUGIN_NAME)
+        described = self._data_provider.read_tensors(
+            ctx, experiment_id=experiment, plugin_name=md.PLUGIN_NAME, downsample=ALL_SAMPLES,
+            run_tag_filter=tb_provider.RunTagFilter(tags=[md.RUN_TAG]))
+        now = time.time()
+        runs = []
+        for run in sorted(name for name, tags in listing.items() if tags):
+            last_write = max(series.max_wall_time for series in listing[run].values())
+            info, error = _newest_json(described.get(run, {}).get(md.RUN_TAG, []))
+            status = str(info.get("status", "unknown"))
+            if status == "running":
+                status = "live" if now - last_write <= LIVE_WINDOW_S else "stalled"
+            runs.append({"run": run, "name": _display_name(run), "status": status, "live": status == "live",
+                         "last_write": last_write, "age_s": round(now - last_write, 1),
+                         "start": info.get("start"), "errors": [error] if error else []})
+        return {"runs": runs, "live_window_s": LIVE_WINDOW_S}
+
+    def timeline_impl(self, ctx: Any, experiment: str, run: str, start: float | None, end: float | None,
+                      points: int) -> dict[str, Any]:
+        """`run`'s series over [start, end] (seconds since its origin), about `points` points per series."""
+        return build_timeline(self._read(ctx, experiment, run), start, end, points)
+
+    def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
+        """`rnnmon.analysis.summarize` for `run`, with the verdict in words and the longest gaps only."""
+        summary = summarize(self._read(ctx, experiment, run))
+        gaps = summary["idle_gaps"]
+        summary["idle_gap_count"] = len(gaps)
+        summary["idle_gaps"] = sorted(gaps, key=lambda gap: -gap["duration_s"])[:SUMMARY_GAPS]
+        summary["verdict_text"] = VERDICT_TEXT.get(summary["verdict"], summary["verdict"])
+        summary["name"] = _display_name(run)
+        return summary
+
+    # --- helpers -----------------------------------------------------------------------------------------
+    def _read(self, ctx: Any, experiment: str, run: str) -> RunData:
+        """The run's data, read again only when a tag has new samples; raises for unknown or unreadable runs."""
+        listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=md.PLUGIN_NAME,
+                                                   run_tag_filter=tb_provider.RunTagFilter(runs=[run]))
+        tags = listing.get(run)
+        if not tags:
+            raise errors.NotFoundError(f"No rnnmon data for run {run!r}")
+        version = sorted((tag, series.max_step, series.max_wall_time) for tag, series in tags.items())
+        key = (experiment, run)
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is None or cached[0] != version:
+            data = read_runs(self._data_provider, ctx, experiment, runs=[run]).get(run, RunData(run))
+            cached = (version, data)
+            with self._lock:
+                self._cache[key] = cached
+                self._cache.move_to_end(key)
+                while len(self._cache) > CACHE_RUNS:
+                    self._cache.popitem(last=False)
+        data = cached[1]
+        if data.errors:
+            raise RunDataError(f"Run {run!r} has unreadable rnnmon data: {'; '.join(data.errors)}")
+        return data
+
+    def _plotly_bundle(self) -> bytes:
+        """plotly.js from the installed `plotly` package, gzipped once."""
+        if self._plotly_gz is None:
+            spec = importlib.util.find_spec("plotly")
+            if spec is None or not spec.submodule_search_locations:
+                raise errors.NotFoundError("The plotly package is not installed: pip install plotly")
+            path = os.path.join(next(iter(spec.submodule_search_locations)), "package_data", "plotly.min.js")
+            with open(path, "rb") as f:
+                self._plotly_gz = gzip.compress(f.read(), compresslevel=6, mtime=0)
+        return self._plotly_gz
+
+
+def _static_file(name: str, mimetype: str) -> Any:
+    @wrappers.Request.application
+    def serve(request: wrappers.Request) -> wrappers.Response:
+        with open(os.path.join(STATIC_DIR, name), "rb") as f:
+            return http_util.Respond(request, f.read(), mimetype)
+
+    return serve
+
+
+def _run(args: Any) -> str:
+    run = args.get("run")
+    if not run:
+        raise errors.InvalidArgumentError("Missing required parameter: run (a run name from /runs)")
+    return run
+
+
+def _number(args: Any, name: str) -> float | None:
+    raw = args.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise errors.InvalidArgumentError(f"{name} must be a number of seconds since the run's origin: {name}={raw!r}")
+    return value
+
+
+def _points(raw: str | None) -> int:
+    if raw in (None, ""):
+        return DEFAULT_POINTS
+    if not raw.isdigit() or not 10 <= int(raw) <= MAX_POINTS:
+        raise errors.InvalidArgumentError(f"points must be an integer from 10 to {MAX_POINTS}: points={raw!r}")
+    return int(raw)
+
+
+def _display_name(run: str) -> str:
+    """'exp1/rnnmon' -> 'exp1': rnnmon writes into its own subdirectory of the user's run directory."""
+    suffix = "/" + md.RUN_SUBDIR
+    return run[: -len(suffix)] if run.endswith(suffix) and len(run) > len(suffix) else run
+
+
+def _newest_json(datums: list[Any]) -> tuple[dict[str, Any], str | None]:
+    """The newest run description, and a message when it is not readable."""
+    if not datums:
+        return {}, None
+    datum = max(datums, key=lambda d: d.step)
+    try:
+        raw = datum.numpy.item() if hasattr(datum.numpy, "item") else datum.numpy
+        doc = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except (ValueError, TypeError, UnicodeDecodeError) as error:
+        return {}, f"{md.RUN_TAG}: {error}"
+    return (doc, None) if isinstance(doc, dict) else ({}, f"{md.RUN_TAG}: not a JSON object")

@@ -1,0 +1,87 @@
+"""rnnmon runs written straight to event files: a GPU run of any length in milliseconds, and damaged runs.
+
+They use rnnmon's own `SummaryWriter` and format, so TensorBoard's loaders read them exactly like a monitor's
+output. Real fits (tests/test_plugin.py) cover what the monitor writes; these cover what a fit on a 2-core CPU
+cannot: many chunks, GPUs, one-sample dips, unreadable data.
+
+Example:
+    write_gpu_run(str(tmp_path / "long" / "rnnmon"), chunks=150)
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import numpy as np
+
+from rnnmon import metadata as md
+from rnnmon.writer import SummaryWriter
+
+STEP_S, WAIT_S, SAMPLE_S = 0.020, 0.006, 1 / 6
+
+
+def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: int = 1, status: str = "finished",
+                  dip_at: int | None = None, samples_per_chunk: int = 12, start: float | None = None) -> None:
+    """A run on `gpus` fake GPUs: each chunk holds steps, utilization samples, SM activity and an idle gap.
+
+    `dip_at`: index of the single utilization sample (GPU 0) that reads 0%; all others read 60-95%.
+    """
+    writer = SummaryWriter(run_dir)
+    t = time.time() - chunks * 2.0 if start is None else start
+    writer.json(md.RUN_TAG, {"version": md.FORMAT_VERSION, "status": "running", "start": t, "backend": "tensorflow",
+                             "input_wait": "measured", "idle_pct": 5.0})
+    rng = np.random.default_rng(0)
+    step, sample = 0, 0
+    chunk_s = max(steps_per_chunk * STEP_S, samples_per_chunk * SAMPLE_S)
+    for chunk in range(chunks):
+        begin = t + chunk * chunk_s + np.arange(steps_per_chunk) * STEP_S
+        wait_ms = 1e3 * WAIT_S * rng.uniform(0.5, 1.5, steps_per_chunk)
+        rows = [(step + i + 1, chunk // 10, b, b + STEP_S * 0.9, w, 1e3 * STEP_S * 0.1 if step + i else np.nan, 1)
+                for i, (b, w) in enumerate(zip(begin, wait_ms))]
+        writer.table(md.STEPS_TAG, rows)
+        step += steps_per_chunk
+        times = t + chunk * chunk_s + np.arange(samples_per_chunk) * SAMPLE_S
+        for index in range(gpus):
+            util = rng.uniform(60, 95, samples_per_chunk)
+            if index == 0 and dip_at is not None and sample <= dip_at < sample + samples_per_chunk:
+                util[dip_at - sample] = 0.0
+            device = {"index": index, "name": f"Fake GPU <{index}>"}
+            writer.table(f"{md.UTIL_TAG_PREFIX}{index}", np.column_stack([times, util]), device=device)
+            stats = np.full((samples_per_chunk, len(md.STAT_COLUMNS)), np.nan)
+            stats[:, 0] = times
+            stats[:, md.STAT_COLUMNS.index("sm_activity_pct")] = util * 0.7
+            writer.table(f"{md.STATS_TAG_PREFIX}{index}", stats, device=device)
+            writer.table(md.GAPS_TAG, [(index, times[2], times[3], md.GAP_CAUSES.index("input"))])
+        sample += samples_per_chunk
+    writer.table(md.PHASES_TAG, [(md.PHASE_KINDS.index("warmup"), t - 0.5, t),
+                                 (md.PHASE_KINDS.index("eval"), t + chunk_s, t + 1.5 * chunk_s)])
+    writer.json(md.RUN_TAG, {"version": md.FORMAT_VERSION, "status": status, "start": t, "backend": "tensorflow",
+                             "input_wait": "measured", "idle_pct": 5.0})
+    writer.close()
+
+
+def write_unreadable_run(run_dir: str) -> None:
+    """A run whose steps table has the wrong number of columns, as a damaged or foreign writer would leave."""
+    writer = SummaryWriter(run_dir)
+    writer.json(md.RUN_TAG, {"version": md.FORMAT_VERSION, "status": "finished", "start": time.time()})
+    writer.table(md.STEPS_TAG, np.zeros((3, 4)))
+    writer.close()
+
+
+def write_bad_description_run(run_dir: str) -> None:
+    """A run whose run description is a number instead of a JSON document; its steps are fine."""
+    writer = SummaryWriter(run_dir)
+    writer.table(md.RUN_TAG, [[1.0]])
+    writer.table(md.STEPS_TAG, [(1, 0, 1.0, 1.01, 1.0, np.nan, 1), (2, 0, 1.02, 1.03, 1.0, 1.0, 1)])
+    writer.close()
+
+
+def truncate_event_file(run_dir: str, keep: float = 0.6) -> None:
+    """Cut the run's event file mid-record, as a crash during a write or a partial copy would."""
+    path = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))[0]
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: int(len(data) * keep)])

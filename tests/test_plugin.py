@@ -1,0 +1,295 @@
+"""The rnnmon tab's backend: routes over real fits, downsampling, sample limits, bad input, unreadable runs."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from conftest import stalled_dataset, tiny_model
+from fake_nvml import FakeGpu, FakeNvmlLib, installed, library_missing
+from rnnmon_tensorboard import plugin as plugin_module
+from rnnmon_tensorboard.loader import RnnmonLoader
+from rnnmon_tensorboard.plugin import RnnmonPlugin
+from rnnmon_tensorboard.timeline import bin_intervals, minmax_indices
+from synthetic_runs import truncate_event_file, write_bad_description_run, write_gpu_run, write_unreadable_run
+from tensorboard import context
+from tensorboard.backend import application
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from tensorboard.plugins import base_plugin
+from werkzeug import test as werkzeug_test
+
+from rnnmon import UtilizationMonitor
+from rnnmon.analysis import summarize
+from rnnmon.reader import open_logdir, read_runs
+
+ROUTE = "/data/plugin/rnnmon/"
+CHUNKS = 150  # more than either loader keeps by default for an unknown plugin (10 and 100)
+
+
+def _idle_every_second(t: float) -> float:
+    return 0.0 if t % 1.0 < 0.35 else 90.0
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    """Two real fits (CPU-only, and on a fake GPU that idles a third of every second) plus written runs."""
+    root = tmp_path_factory.mktemp("logs")
+    with library_missing():
+        tiny_model().fit(stalled_dataset(30, 0.004), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(root / "cpu_fit"))])
+    with installed(FakeNvmlLib([FakeGpu(utilization=_idle_every_second, pids=[os.getpid()])])):
+        tiny_model().fit(stalled_dataset(40, 0.03), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(root / "gpu_fit"), sample_interval_s=0.1)])
+    write_gpu_run(str(root / "long" / "rnnmon"), CHUNKS, dip_at=777)
+    write_unreadable_run(str(root / "unreadable" / "rnnmon"))
+    write_bad_description_run(str(root / "bad_description" / "rnnmon"))
+    write_gpu_run(str(root / "truncated" / "rnnmon"), 20)
+    truncate_event_file(str(root / "truncated" / "rnnmon"))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def client(logdir):
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
+    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=logdir, data_provider=provider))
+    return werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+
+
+def get(client, route, **params):
+    response = client.get(ROUTE + route, query_string=params)
+    return response.status_code, (response.get_json() if response.is_json else response.get_data(as_text=True))
+
+
+# --- downsampling -----------------------------------------------------------------------------------------
+def test_minmax_keeps_a_single_sample_dip_and_spike():
+    x = np.arange(100_000) / 6.0
+    y = np.full(len(x), 80.0)
+    y[31_337], y[77_777] = 0.0, 100.0
+    keep = minmax_indices(x, y, points=200, lo=x[0], hi=x[-1])
+    assert len(keep) <= 200
+    assert 31_337 in keep and 77_777 in keep
+    assert np.all(np.diff(keep) > 0)  # time order
+
+
+def test_minmax_keeps_each_columns_extremes_and_skips_nan():
+    x = np.arange(1000.0)
+    values = np.column_stack([np.sin(x), np.cos(x), np.full(1000, np.nan)])
+    values[500, 1] = -9.0
+    keep = minmax_indices(x, values, points=60, lo=0.0, hi=999.0)
+    assert len(keep) <= 60 and 500 in keep
+    assert np.argmax(values[:, 0]) in keep
+
+
+def test_minmax_keeps_everything_that_fits():
+    x = np.arange(50.0)
+    assert minmax_indices(x, x.copy(), points=100, lo=0, hi=49).tolist() == list(range(50))
+
+
+def test_bin_intervals_gives_the_covered_share_per_bucket_and_group():
+    start = np.array([0.1, 0.3, 2.5, 0.0])
+    end = np.array([0.2, 0.4, 4.5, 1.0])
+    group = np.array([0, 0, 0, 1])
+    s, e, g, share = bin_intervals(start, end, group, lo=0.0, hi=5.0, buckets=5)
+    rows = [(float(a), float(b), int(c), round(float(d), 6)) for a, b, c, d in zip(s, e, g, share)]
+    assert rows == [(0.0, 1.0, 0, 0.2), (0.0, 1.0, 1, 1.0), (2.0, 3.0, 0, 0.5), (3.0, 4.0, 0, 1.0),
+                    (4.0, 5.0, 0, 0.5)]
+
+
+# --- routes over real fits ---------------------------------------------------------------------------------
+def test_runs_lists_every_run_with_status(client):
+    status, body = get(client, "runs")
+    assert status == 200
+    runs = {run["name"]: run for run in body["runs"]}
+    assert set(runs) == {"cpu_fit", "gpu_fit", "long", "unreadable", "bad_description", "truncated"}
+    assert runs["cpu_fit"]["run"] == "cpu_fit/rnnmon"
+    assert runs["cpu_fit"]["status"] == "finished" and not runs["cpu_fit"]["live"]
+    assert runs["bad_description"]["errors"] and not runs["cpu_fit"]["errors"]
+
+
+def test_running_run_is_live_then_stalled(tmp_path, monkeypatch):
+    write_gpu_run(str(tmp_path / "now" / "rnnmon"), 3, status="running")
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    plugin = RnnmonPlugin(base_plugin.TBContext(
+        data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))))
+    assert plugin.runs_impl(context.RequestContext(), "")["runs"][0]["status"] == "live"
+    monkeypatch.setattr(plugin_module, "LIVE_WINDOW_S", -1.0)
+    assert plugin.runs_impl(context.RequestContext(), "")["runs"][0]["status"] == "stalled"
+
+
+def test_timeline_of_a_cpu_fit(client):
+    status, body = get(client, "timeline", run="cpu_fit/rnnmon")
+    assert status == 200
+    steps = body["steps"]
+    assert steps["total"] == 29 and not steps["downsampled"]  # 30 steps; the first is the warm-up phase
+    assert steps["step"] == list(range(2, 31))
+    assert all(w > 0 for w in steps["input_wait_ms"]) and all(c > 0 for c in steps["compute_ms"])
+    assert body["gpus"] == []
+    assert set(body["gaps"]["device"]) <= {None}  # gaps from step phases, no device
+    assert "warmup" in body["phases"]["kind"]
+    assert min(steps["time"]) >= 0 and max(steps["time"]) <= body["extent"]["end"]
+
+
+def test_timeline_of_a_gpu_fit_has_utilization_and_idle_gaps(client):
+    status, body = get(client, "timeline", run="gpu_fit/rnnmon")
+    assert status == 200
+    (gpu,) = body["gpus"]
+    assert gpu["index"] == 0 and gpu["name"] == "NVIDIA H200"
+    assert 0.0 in gpu["util"]["value"] and 90.0 in gpu["util"]["value"]
+    assert gpu["sm_activity"]["total"] > 0
+    assert body["gaps"]["total"] >= 1 and set(body["gaps"]["device"]) == {0}
+
+
+def test_timeline_range_and_points_downsample_with_extremes(client):
+    status, full = get(client, "timeline", run="long/rnnmon", points=20000)
+    util = full["gpus"][0]["util"]
+    assert util["total"] == CHUNKS * 12 and not util["downsampled"]
+    status, body = get(client, "timeline", run="long/rnnmon", points=100)
+    thin = body["gpus"][0]["util"]
+    assert status == 200 and thin["downsampled"] and len(thin["value"]) <= 100
+    assert min(thin["value"]) == 0.0  # the one-sample dip survives
+    assert max(thin["value"]) == max(util["value"])
+    assert len(body["steps"]["time"]) <= 100
+    gaps = body["gaps"]
+    assert gaps["total"] == CHUNKS and gaps["binned"] and len(gaps["start"]) <= 50
+    assert min(gaps["share"]) > 0 and max(gaps["share"]) < 0.5  # one 1/6 s gap per 2 s chunk: binned, not solid
+    assert not full["gaps"]["binned"] and set(full["gaps"]["share"]) == {1.0}
+    start, end = 40.0, 60.0
+    status, zoomed = get(client, "timeline", run="long/rnnmon", start=start, end=end, points=100)
+    times = zoomed["steps"]["time"]
+    assert zoomed["range"] == {"start": start, "end": end}
+    assert times and start - 1 <= min(times) and max(times) <= end
+    assert zoomed["steps"]["total"] < full["steps"]["total"]
+
+
+def test_summary_is_summarize_output(client, logdir):
+    status, body = get(client, "summary", run="gpu_fit/rnnmon")
+    assert status == 200
+    provider, ctx = open_logdir(logdir)
+    expected = summarize(read_runs(provider, ctx, runs=["gpu_fit/rnnmon"])["gpu_fit/rnnmon"])
+    for key in ("verdict", "steps", "input_wait_fraction", "host_gap_fraction", "step_ms", "findings", "alerts"):
+        assert body[key] == json.loads(json.dumps(expected[key])), key
+    assert body["gpus"][0]["idle_fraction"] > 0.2
+    assert body["idle_gap_count"] == len(expected["idle_gaps"])
+    assert body["verdict_text"].startswith(body["verdict"].split("-")[0])
+    assert body["name"] == "gpu_fit"
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({}, "Missing required parameter: run"),
+    ({"run": "long/rnnmon", "start": "soon"}, "start must be a number"),
+    ({"run": "long/rnnmon", "end": "nan"}, "end must be a number"),
+    ({"run": "long/rnnmon", "start": "5", "end": "1"}, "start must be less than end"),
+    ({"run": "long/rnnmon", "points": "3"}, "points must be an integer from 10"),
+    ({"run": "long/rnnmon", "points": "many"}, "points must be an integer from 10"),
+])
+def test_bad_timeline_input_is_400(client, params, message):
+    status, body = get(client, "timeline", **params)
+    assert status == 400 and message in body
+
+
+def test_unknown_run_is_404(client):
+    for route in ("timeline", "summary"):
+        status, body = get(client, route, run="nope/rnnmon")
+        assert status == 404 and "nope/rnnmon" in body
+
+
+def test_unreadable_run_fails_alone(client):
+    for run in ("unreadable/rnnmon", "bad_description/rnnmon"):
+        for route in ("timeline", "summary"):
+            status, body = get(client, route, run=run)
+            assert status == 500 and "unreadable rnnmon data" in body and run in body
+    assert get(client, "timeline", run="long/rnnmon")[0] == 200
+    assert get(client, "runs")[0] == 200
+    status, body = get(client, "timeline", run="truncated/rnnmon")  # what was written before the cut is served
+    assert status == 200 and 0 < body["steps"]["total"] < 100
+
+
+def test_static_files_and_plotly_bundle(client):
+    response = client.get(ROUTE + "index.js")
+    assert response.status_code == 200 and response.mimetype == "text/javascript"
+    assert b"export async function render" in response.get_data()
+    assert client.get(ROUTE + "style.css").mimetype == "text/css"
+    response = client.get(ROUTE + "plotly.min.js", headers={"Accept-Encoding": "gzip"})
+    assert response.headers["Content-Encoding"] == "gzip"
+    import plotly
+
+    bundle = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
+    with open(bundle, "rb") as f:
+        assert gzip.decompress(response.get_data()) == f.read()
+
+
+def test_listed_as_an_active_iframe_tab(client):
+    listing = client.get("/data/plugins_listing").get_json()["rnnmon"]
+    assert listing["enabled"] and listing["tab_name"] == "RNN Monitor"
+    assert listing["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/rnnmon/index.js"}
+
+
+# --- samples_per_plugin ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("given", "expected"), [
+    ({}, {"rnnmon": 0}),
+    ({"images": 5}, {"images": 5, "rnnmon": 0}),
+    ({"rnnmon": 10}, {"rnnmon": 10}),
+])
+def test_loader_keeps_all_rnnmon_samples_unless_told_otherwise(given, expected):
+    flags = argparse.Namespace(samples_per_plugin=dict(given))
+    RnnmonLoader().fix_flags(flags)
+    assert flags.samples_per_plugin == expected
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def long_logdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("long")
+    write_gpu_run(str(root / "long" / "rnnmon"), CHUNKS)
+    return str(root)
+
+
+@pytest.mark.parametrize(("flags", "chunks"), [
+    ([], CHUNKS),  # default flags: the Rust data server ("auto")
+    (["--load_fast=false"], CHUNKS),  # the Python loader
+    (["--samples_per_plugin=rnnmon=10"], 10),  # the user's own choice wins, in both loaders
+    (["--load_fast=false", "--samples_per_plugin=rnnmon=10"], 10),
+])
+def test_real_tensorboard_serves_every_chunk(long_logdir, flags, chunks):
+    port = _free_port()
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", long_logdir, "--port", str(port),
+               "--host", "127.0.0.1", *flags]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/data/plugin/rnnmon/timeline?run=long/rnnmon&points=20000"
+    try:
+        deadline, body = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url) as response:
+                    body = json.load(response)
+                if body["gpus"] and body["gpus"][0]["util"]["total"] >= chunks * 12:
+                    break
+            except OSError:
+                pass  # not up yet, or the run is not loaded yet (404)
+            time.sleep(0.3)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert body is not None, "tensorboard never served the run"
+    assert body["gpus"][0]["util"]["total"] == chunks * 12
+    if chunks == CHUNKS:
+        assert body["steps"]["total"] == CHUNKS * 5 - 1  # the first step is the warm-up phase
