@@ -87,6 +87,13 @@ def test_unknown_stop_rule_is_rejected():
         UtilizationMonitor("logs", stop_on_alert=["gpu_too_hot"])
 
 
+def _status(run_dir) -> str | None:
+    try:
+        return read_run(str(run_dir)).info.get("status")
+    except KeyError:  # nothing written yet
+        return None
+
+
 CHILD = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {tests!r})
@@ -105,21 +112,27 @@ def test_thresholds_file_reaches_a_running_fit(tmp_path):
     """At 60% utilization nothing fires, until a saved file raises the bar to 80%: the fit then stops itself."""
     run_dir = tmp_path / "exp"
     script = CHILD.format(tests=os.path.dirname(__file__), logdir=str(run_dir))
-    child = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "child.log"
+    with open(log, "w") as stderr_file:
+        child = subprocess.Popen([sys.executable, "-c", script], stderr=stderr_file)
     try:
         deadline = time.monotonic() + 60
-        while not glob.glob(str(run_dir / "rnnmon" / "events*")) and time.monotonic() < deadline:
+        while _status(run_dir) is None and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(3)
-        assert child.poll() is None  # no alert at the callback's thresholds
+        assert _status(run_dir) == "running"  # no alert at the callback's thresholds
         raised = Thresholds.from_dict({"gpu_util_low": {"pct": 80.0, "resolve_pct": 85.0, "for_s": 1.0}})
         save_thresholds_file(tmp_path / THRESHOLDS_FILE, raised)  # one folder above the run, as the tab saves
         saved_at = time.monotonic()
-        assert child.wait(timeout=60) == 0
-        assert time.monotonic() - saved_at < 10
+        while _status(run_dir) == "running" and time.monotonic() - saved_at < 20:
+            time.sleep(0.2)
+        assert _status(run_dir) == "finished" and time.monotonic() - saved_at < 10
+        # (The process itself may not exit: TensorFlow can hang at interpreter exit after a py_function
+        # pipeline is abandoned mid-epoch, with or without rnnmon.)
     finally:
         child.kill()
-        stderr = child.stderr.read()
+        child.wait()
+    stderr = log.read_text()
     assert "alert thresholds now come from" in stderr and "rnnmon alert gpu_util_low" in stderr
     alerts = summarize(read_run(str(run_dir)))["alerts"]
     assert next(a["threshold"] for a in alerts if a["rule"] == "gpu_util_low") == 80.0
