@@ -111,7 +111,9 @@ class StepGapDetector:
 
     @property
     def watermark(self) -> float | None:
-        return None if self._open is None else self._open[0]
+        if self._open is not None:
+            return self._open[0]
+        return None if self._consumed == float("-inf") else self._consumed
 
     def feed(self, phases: PhaseIntervals) -> list[Gap]:
         closed: list[Gap] = []

@@ -64,3 +64,18 @@ def test_calibration_takes_the_tightest_bound():
     calibration.observe(timestamp_us=5_000_000, host_s=105.3)  # read 0.3 s after the sample
     calibration.observe(timestamp_us=6_000_000, host_s=106.01)  # read 0.01 s after
     assert math.isclose(calibration.to_host(5_500_000), 105.51)
+
+
+def test_recorder_forgets_intervals_no_gap_can_need(tmp_path):
+    from rnnmon.recorder import Recorder
+    from rnnmon.writer import SummaryWriter
+
+    recorder = Recorder(SummaryWriter(str(tmp_path)), None, wall_offset_s=0.0)
+    t = 0.0
+    for chunk in range(20):
+        for step in range(1000):
+            begin = t + 0.0001
+            recorder.add_step((chunk * 1000 + step, 0, begin, begin + 0.002, 0.0005, 0.0001, 1))
+            t = begin + 0.002
+        recorder.flush(horizon=t)
+    assert len(recorder._intervals.sorted_since(float("-inf"))) < 3000  # about a second's worth, not 40,000
