@@ -150,3 +150,16 @@ def test_device_selection_follows_cuda_visible_devices_and_process_list():
         with pytest.raises(ValueError, match="no GPU with NVML index"):
             select_devices(nvml, [7])
         nvml.shutdown()
+
+
+def test_without_the_sample_buffer_utilization_falls_back_to_readings(tmp_path, rnnmon_warnings):
+    lib = FakeNvmlLib([FakeGpu(utilization=42.0)], missing={"nvmlDeviceGetSamples"})
+    with installed(lib):
+        tiny_model().fit(stalled_dataset(60, 0.02), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(tmp_path), sample_interval_s=0.2, audit=False)])
+    warnings = rnnmon_warnings()
+    assert len(warnings) == 1 and "utilization samples" in warnings[0]
+    util = read_run(str(tmp_path)).util[0]
+    assert len(util) >= 5 and set(util[:, 1]) == {42.0}
+    assert np.median(np.diff(util[:, 0])) == pytest.approx(0.2, abs=0.05)  # one reading per poll
+    assert lib.calls["nvmlDeviceGetUtilizationRates"] >= len(util)
