@@ -1,7 +1,9 @@
-"""The rnnmon tab's HTTP backend: run list, downsampled timelines, summaries, and the page's static files.
+"""The rnnmon tab's HTTP backend: run list, downsampled timelines, summaries, alert thresholds, static files.
 
-Routes are thin; the work is in the `*_impl` methods, which return plain data. Everything is read through
-TensorBoard's data provider, so the Rust data server and the Python loader both work. See `http_api.md`.
+Routes are thin; the work is in the `*_impl` methods, which return plain data. Run data is read through
+TensorBoard's data provider, so the Rust data server and the Python loader both work. The one write is
+`POST /thresholds`, which saves the thresholds file at the log directory's root (see `thresholds_store`); it
+takes JSON only, with a header a cross-site form cannot send, and a small body. See `http_api.md`.
 
 Example:
     >>> plugin = RnnmonPlugin(base_plugin.TBContext(logdir="runs", data_provider=provider))
@@ -32,6 +34,7 @@ from rnnmon.analysis import summarize
 from rnnmon.reader import ALL_SAMPLES, RunData, read_runs
 from rnnmon.report import VERDICT_TEXT
 
+from .thresholds_store import NotWritableError, ThresholdsStore
 from .timeline import build_timeline
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
@@ -39,12 +42,23 @@ LIVE_WINDOW_S = 30.0  # a running run whose last write is older than this is sho
 DEFAULT_POINTS, MAX_POINTS = 1000, 20000
 SUMMARY_GAPS = 20  # the longest idle gaps listed in /summary (all of them are in /timeline)
 CACHE_RUNS = 8
+SAVE_HEADER, SAVE_HEADER_VALUE = "X-Rnnmon-Request", "save"  # a cross-site form post cannot set a header
+MAX_BODY_BYTES = 16 * 1024  # a thresholds document is under 2 KiB
 
 
 class RunDataError(errors.PublicError):
     """A run whose rnnmon data cannot be read (HTTP 500); other runs are unaffected."""
 
     http_code = 500
+
+
+class RequestRefused(errors.PublicError):
+    """A refused `POST /thresholds`, with its HTTP status (405, 409, 413, 415); the message says what to change."""
+
+    def __init__(self, http_code: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.http_code = http_code
+        self.headers = headers or []
 
 
 class RnnmonPlugin(base_plugin.TBPlugin):
@@ -57,15 +71,19 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self._cache: collections.OrderedDict[tuple[str, str], tuple[Any, RunData]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._plotly_gz: bytes | None = None
+        self._thresholds = ThresholdsStore(context.logdir)
 
     def get_plugin_apps(self) -> dict[str, Any]:
         return {
             "/index.js": _static_file("index.js", "text/javascript"),
+            "/dom.js": _static_file("dom.js", "text/javascript"),
+            "/thresholds.js": _static_file("thresholds.js", "text/javascript"),
             "/style.css": _static_file("style.css", "text/css"),
             "/plotly.min.js": self._serve_plotly,
             "/runs": self._serve_runs,
             "/timeline": self._serve_timeline,
             "/summary": self._serve_summary,
+            "/thresholds": self._serve_thresholds,
         }
 
     def is_active(self) -> bool:
@@ -101,6 +119,15 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
         return http_util.Respond(request, self.summary_impl(ctx, experiment, _run(request.args)), "application/json")
 
+    @wrappers.Request.application
+    def _serve_thresholds(self, request: wrappers.Request) -> wrappers.Response:
+        if request.method in ("GET", "HEAD"):
+            return http_util.Respond(request, self.thresholds_impl(), "application/json")
+        if request.method != "POST":
+            raise RequestRefused(405, f"/thresholds answers GET and POST only. Received: {request.method}",
+                                 [("Allow", "GET, HEAD, POST")])
+        return http_util.Respond(request, self.save_thresholds_impl(_json_body(request)), "application/json")
+
     # --- work --------------------------------------------------------------------------------------------
     def runs_impl(self, ctx: Any, experiment: str) -> dict[str, Any]:
         """Every run with rnnmon data: status from its newest run description, and whether it is live."""
@@ -135,6 +162,19 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         summary["verdict_text"] = VERDICT_TEXT.get(summary["verdict"], summary["verdict"])
         summary["name"] = _display_name(run)
         return summary
+
+    def thresholds_impl(self) -> dict[str, Any]:
+        """The saved thresholds (or the defaults), the file's path, and whether the tab can save it."""
+        return self._thresholds.read()
+
+    def save_thresholds_impl(self, data: Any) -> dict[str, Any]:
+        """Validate and save `data` as the thresholds file; `thresholds_impl()` afterwards."""
+        try:
+            return self._thresholds.save(data)
+        except (ValueError, TypeError) as error:
+            raise errors.InvalidArgumentError(str(error)) from None
+        except NotWritableError as error:
+            raise RequestRefused(409, str(error)) from None
 
     # --- helpers -----------------------------------------------------------------------------------------
     def _read(self, ctx: Any, experiment: str, run: str) -> RunData:
@@ -180,6 +220,26 @@ def _static_file(name: str, mimetype: str) -> Any:
             return http_util.Respond(request, f.read(), mimetype)
 
     return serve
+
+
+def _json_body(request: wrappers.Request) -> Any:
+    """The JSON document of a save request, after the checks that keep other sites and large bodies out."""
+    if request.headers.get(SAVE_HEADER, "").strip().lower() != SAVE_HEADER_VALUE:
+        raise errors.PermissionDeniedError(
+            f"POST /thresholds needs the header {SAVE_HEADER}: {SAVE_HEADER_VALUE} (a cross-site form cannot send it)")
+    if request.mimetype != "application/json":
+        raise RequestRefused(415, "POST /thresholds takes JSON: send Content-Type: application/json. "
+                                  f"Received: {request.content_type or 'no Content-Type'}")
+    too_large = f"The thresholds document must be at most {MAX_BODY_BYTES} bytes"
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise RequestRefused(413, f"{too_large}. Received: Content-Length {request.content_length}")
+    body = request.stream.read(MAX_BODY_BYTES + 1)  # without a Content-Length (chunked), read one byte past the limit
+    if len(body) > MAX_BODY_BYTES:
+        raise RequestRefused(413, f"{too_large}. Received: a longer body, sent without Content-Length")
+    try:
+        return json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise errors.InvalidArgumentError(f"the body is not valid JSON: {error}") from None
 
 
 def _run(args: Any) -> str:

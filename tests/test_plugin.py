@@ -1,11 +1,14 @@
-"""The rnnmon tab's backend: routes over real fits, downsampling, sample limits, bad input, unreadable runs."""
+"""The rnnmon tab's backend: routes over real fits, downsampling, sample limits, bad input, unreadable runs, and
+the thresholds file the tab reads and saves (its only write)."""
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +33,7 @@ from werkzeug import test as werkzeug_test
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis import summarize
 from rnnmon.reader import open_logdir, read_runs
+from rnnmon.thresholds import THRESHOLDS_FILE, Thresholds, load_thresholds_file, save_thresholds_file
 
 ROUTE = "/data/plugin/rnnmon/"
 CHUNKS = 150  # more than either loader keeps by default for an unknown plugin (10 and 100)
@@ -222,6 +226,10 @@ def test_static_files_and_plotly_bundle(client):
     response = client.get(ROUTE + "index.js")
     assert response.status_code == 200 and response.mimetype == "text/javascript"
     assert b"export async function render" in response.get_data()
+    for module in ("dom.js", "thresholds.js"):  # imported by index.js
+        response = client.get(ROUTE + module)
+        assert response.status_code == 200 and response.mimetype == "text/javascript"
+        assert b"export function" in response.get_data()
     assert client.get(ROUTE + "style.css").mimetype == "text/css"
     response = client.get(ROUTE + "plotly.min.js", headers={"Accept-Encoding": "gzip"})
     assert response.headers["Content-Encoding"] == "gzip"
@@ -236,6 +244,162 @@ def test_listed_as_an_active_iframe_tab(client):
     listing = client.get("/data/plugins_listing").get_json()["rnnmon"]
     assert listing["enabled"] and listing["tab_name"] == "RNN Monitor"
     assert listing["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/rnnmon/index.js"}
+
+
+# --- alert thresholds: GET /thresholds, POST /thresholds -------------------------------------------------------
+SAVE = {"X-Rnnmon-Request": "save"}
+RAISED = {"gpu_util_low": {"enabled": True, "pct": 80, "resolve_pct": 85, "for_s": 1.0},
+          "idle_gap": {"enabled": False, "min_s": 5.0}}
+
+
+def thresholds_client(logdir: str) -> werkzeug_test.Client:
+    """The plugin with TensorBoard's log directory `logdir` (it holds no runs; only the thresholds file matters)."""
+    provider = data_provider.MultiplexerDataProvider(plugin_event_multiplexer.EventMultiplexer(), logdir)
+    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=logdir, data_provider=provider))
+    return werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+
+
+def post(client, body, headers=SAVE, content_type="application/json", **kwargs):
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    response = client.post(ROUTE + "thresholds", data=data, headers=headers, content_type=content_type, **kwargs)
+    return response.status_code, (response.get_json() if response.is_json else response.get_data(as_text=True))
+
+
+class CountingStream(io.BytesIO):
+    """A request body that counts the bytes the server read from it."""
+
+    read_bytes = 0
+
+    def read(self, size=-1):
+        out = super().read(size)
+        self.read_bytes += len(out)
+        return out
+
+    def readinto(self, buffer):
+        count = super().readinto(buffer)
+        self.read_bytes += count
+        return count
+
+
+def test_thresholds_default_until_a_file_is_saved(tmp_path):
+    client = thresholds_client(str(tmp_path))
+    status, body = get(client, "thresholds")
+    assert status == 200
+    assert body["source"] == "defaults" and body["thresholds"] == Thresholds().to_dict()
+    assert body["path"] == str(tmp_path / THRESHOLDS_FILE)
+    assert body["writable"] and body["reason"] is None and body["error"] is None
+    assert body["defaults"] == Thresholds().to_dict()
+    assert os.listdir(tmp_path) == []  # reading, and checking that saving would work, writes nothing
+
+    saved = Thresholds.from_dict({"input_wait_high": {"pct": 40, "resolve_pct": 30}})
+    save_thresholds_file(tmp_path / THRESHOLDS_FILE, saved)
+    status, body = get(client, "thresholds")
+    assert body["source"] == "file" and body["thresholds"] == saved.to_dict()
+
+
+def test_thresholds_file_that_cannot_be_used_is_reported(tmp_path):
+    (tmp_path / THRESHOLDS_FILE).write_text('{"gpu_util_low": {"pct": 150}}')
+    status, body = get(thresholds_client(str(tmp_path)), "thresholds")
+    assert status == 200 and body["source"] == "defaults" and body["thresholds"] == Thresholds().to_dict()
+    assert "gpu_util_low.pct" in body["error"] and "150" in body["error"] and body["writable"]
+
+
+def test_post_saves_the_thresholds_file(tmp_path):
+    client = thresholds_client(str(tmp_path))
+    status, body = post(client, RAISED)
+    assert status == 200 and body["source"] == "file"
+    expected = Thresholds.from_dict(RAISED)
+    assert load_thresholds_file(tmp_path / THRESHOLDS_FILE) == expected  # what a monitor will load
+    assert body["thresholds"] == expected.to_dict() == get(client, "thresholds")[1]["thresholds"]
+    assert os.listdir(tmp_path) == [THRESHOLDS_FILE]  # one file, no temporary left behind
+    status, body = post(client, {}, headers={"x-rnnmon-request": "Save"})  # header names are case-insensitive
+    assert status == 200 and load_thresholds_file(tmp_path / THRESHOLDS_FILE) == Thresholds()
+
+
+@pytest.mark.parametrize(("body", "headers", "content_type", "code", "message"), [
+    (RAISED, {}, "application/json", 403, "needs the header X-Rnnmon-Request: save"),
+    (RAISED, {"X-Rnnmon-Request": "yes"}, "application/json", 403, "X-Rnnmon-Request"),
+    ("gpu_util_low=80", {}, "application/x-www-form-urlencoded", 403, "X-Rnnmon-Request"),  # a cross-site form
+    (RAISED, SAVE, "text/plain", 415, "takes JSON: send Content-Type: application/json. Received: text/plain"),
+    ("{not json", SAVE, "application/json", 400, "the body is not valid JSON"),
+    ({"gpu_util_low": {"pct": 80, "resolve_pct": 70}}, SAVE, "application/json", 400,
+     "gpu_util_low.resolve_pct must be in [80, 100] (at least pct). Received: 70"),
+    ({"gpu_util_low": {"pct": "high"}}, SAVE, "application/json", 400,
+     "gpu_util_low.pct must be a finite number. Received: 'high'"),
+    ({"step_time_regression": {"baseline_steps": 2.5}}, SAVE, "application/json", 400,
+     "step_time_regression.baseline_steps must be an integer. Received: 2.5"),
+    ({"gpu_util_high": {}}, SAVE, "application/json", 400, "Unknown key(s) in thresholds: gpu_util_high"),
+    ([1, 2], SAVE, "application/json", 400, "thresholds must be a JSON object. Received: [1, 2]"),
+])
+def test_post_refuses_and_writes_nothing(tmp_path, body, headers, content_type, code, message):
+    status, text = post(thresholds_client(str(tmp_path)), body, headers=headers, content_type=content_type)
+    assert status == code and message in text
+    assert os.listdir(tmp_path) == []
+
+
+def test_post_refuses_a_large_body_without_reading_it(tmp_path):
+    client = thresholds_client(str(tmp_path))
+    body = CountingStream(b" " * 1_000_000)
+    response = client.post(ROUTE + "thresholds", input_stream=body, headers=SAVE, content_type="application/json")
+    assert response.status_code == 413 and "at most 16384 bytes" in response.get_data(as_text=True)
+    assert body.read_bytes == 0  # refused on Content-Length alone
+    body = CountingStream(b" " * 1_000_000)  # chunked: no Content-Length, so read one byte past the limit
+    response = client.post(ROUTE + "thresholds", input_stream=body, content_type="application/json",
+                           headers={**SAVE, "Transfer-Encoding": "chunked"},
+                           environ_overrides={"wsgi.input_terminated": True})
+    assert response.status_code == 413 and body.read_bytes <= 16 * 1024 + 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_other_methods_are_405(tmp_path):
+    response = thresholds_client(str(tmp_path)).put(ROUTE + "thresholds", json=RAISED, headers=SAVE)
+    assert response.status_code == 405 and "POST" in response.headers["Allow"]
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A folder on a read-only file system (a tmpfs mounted `ro`), which stops root too; skipped without mount."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    mounted = shutil.which("mount") and os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("mounting a read-only tmpfs needs root with CAP_SYS_ADMIN")
+    try:
+        yield str(folder)
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("case", ["path_is_a_folder", "read_only_mount", "remote", "logdir_spec"])
+def test_unwritable_log_directory_is_reported_and_refused(tmp_path, request, case):
+    """Each case stops root too; `chmod 555` would not (root writes through it, and so may the tab)."""
+    if case == "path_is_a_folder":  # the atomic replace cannot put a file where a folder is
+        logdir, target = str(tmp_path), tmp_path / THRESHOLDS_FILE
+        target.mkdir()
+        reason = f"{target} exists and is not a file"
+    elif case == "read_only_mount":
+        logdir = request.getfixturevalue("read_only_mount")
+        reason = f"log directory is read-only: {logdir} (a read-only file system)"
+    elif case == "remote":
+        logdir, reason = "gs://bucket/runs", "log directory is not a local folder, so the tab does not write to it"
+    else:
+        logdir, reason = "", "it was started with --logdir_spec"
+    client = thresholds_client(logdir)
+    status, body = get(client, "thresholds")
+    assert status == 200 and not body["writable"] and reason in body["reason"]
+    assert body["source"] == "defaults" and body["thresholds"] == Thresholds().to_dict()
+    status, text = post(client, RAISED)
+    assert status == 409 and reason in text
+    if case == "path_is_a_folder":
+        assert os.listdir(tmp_path) == [THRESHOLDS_FILE] and os.listdir(target) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_a_write_that_fails_anyway_is_409():
+    """/proc passes every check (root may write there by its permission bits) but takes no new file."""
+    status, text = post(thresholds_client("/proc/self"), RAISED)
+    assert status == 409 and "/proc/self" in text
 
 
 # --- samples_per_plugin ---------------------------------------------------------------------------------------

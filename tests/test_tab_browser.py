@@ -1,6 +1,8 @@
 """The rnnmon tab end to end: `rnnmon demo`, the real `tensorboard` with default flags, headless Chromium.
 
-Screenshots go to artifacts/ (and the demo comparison to docs/tab.png, for the README).
+Also the alert loop: thresholds saved in the tab reach a fit running in another process, whose alerts come back
+to the tab's chart and alert list. Screenshots go to artifacts/ (and the demo comparison to docs/tab.png, for
+the README).
 """
 
 from __future__ import annotations
@@ -13,21 +15,33 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
 from synthetic_runs import write_gpu_run, write_unreadable_run
 
+from rnnmon import metadata as md
+from rnnmon.thresholds import THRESHOLDS_FILE, GpuUtilLow, load_thresholds_file
+from rnnmon.writer import SummaryWriter
+
 pytestmark = pytest.mark.browser
 sync_api = pytest.importorskip("playwright.sync_api")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
 ARTIFACTS = os.path.join(ROOT, "artifacts")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 PLOT = "document.getElementById('rm-plot')"
 GPU_RUN = "gpu <img src=x onerror=window.pwned=1>"  # markup in a run name must show as text, never run
+GPU_RUN_ALERTS = [  # (rule, device, start, end, value, threshold, message); times in seconds since the run began
+    ("gpu_util_low", 0, 14.0, 19.0, 12.5, 20.0, "GPU 0 utilization averaged 12.5% over the last 2 s (alert below "
+                                                "20%). The GPU is waiting on the host."),
+    ("input_wait_high", None, 62.0, None, 27.4, 20.0, "Input wait took 27.4% of step time <b>over</b> the last "
+                                                      "30 s (alert above 20%). Add .prefetch(tf.data.AUTOTUNE)."),
+]
 
 LIVE_FIT = textwrap.dedent("""
     import os, sys, time
@@ -50,15 +64,51 @@ LIVE_FIT = textwrap.dedent("""
     model.fit(data, epochs=1, verbose=0, callbacks=[rnnmon.UtilizationMonitor(sys.argv[1])])
 """)
 
+# A fit on a fake GPU busy 60% of the time, without py_function (whose pipeline can hang the interpreter's exit
+# when training stops mid-epoch): about 15 steps per second for up to a minute; the test kills it when done.
+THRESHOLDS_FIT = textwrap.dedent("""
+    import os, sys, time
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    sys.path.insert(0, sys.argv[2])
+    import numpy as np, tensorflow as tf, keras, rnnmon
+    from fake_nvml import FakeGpu, FakeNvmlLib, installed
+
+    class Pace(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.06)
+
+    x = np.random.default_rng(0).normal(size=(32 * 50, 16, 8)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :, :1].mean(axis=1))).repeat().batch(32)
+    model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    with installed(FakeNvmlLib([FakeGpu(utilization=60.0, pids=[os.getpid()])])):
+        monitor = rnnmon.UtilizationMonitor(sys.argv[1], thresholds={"gpu_util_low": {"for_s": 1.0}}, audit=False)
+        model.fit(data, epochs=1, steps_per_epoch=900, verbose=0, callbacks=[Pace(), monitor])
+""")
+
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("tab")
     subprocess.run([sys.executable, "-m", "rnnmon.cli", "demo", "--logdir", str(root)], check=True,
                    capture_output=True, timeout=180)
-    write_gpu_run(str(root / GPU_RUN / "rnnmon"), 40, gpus=2, dip_at=100)
+    start = time.time() - 200.0
+    write_gpu_run(str(root / GPU_RUN / "rnnmon"), 40, gpus=2, dip_at=100, start=start)
+    _write_alerts(str(root / GPU_RUN / "rnnmon"), start, GPU_RUN_ALERTS)
     write_unreadable_run(str(root / "unreadable" / "rnnmon"))
     return root
+
+
+def _write_alerts(run_dir: str, start: float, alerts: list[tuple]) -> None:
+    """Alert events as a monitor records them: a firing event, then a resolved one for those that ended."""
+    writer = SummaryWriter(run_dir)
+    for rule, device, begin, end, value, threshold, message in alerts:
+        event = {"rule": rule, "device": device, "start": start + begin, "end": None, "value": value,
+                 "threshold": threshold, "message": message}
+        writer.json(md.ALERTS_TAG, [{**event, "state": "firing"}])
+        if end is not None:
+            writer.json(md.ALERTS_TAG, [{**event, "state": "resolved", "end": start + end, "message": "Resolved."}])
+    writer.close()
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +194,12 @@ def _select(frame, run_a: str, run_b: str = "") -> None:
     frame.wait_for_timeout(500)  # plotly finishes drawing
 
 
+def _route(url: str, route: str, **params) -> dict:
+    query = urllib.parse.urlencode(params)
+    with urllib.request.urlopen(f"{url}/data/plugin/rnnmon/{route}?{query}") as response:
+        return json.load(response)
+
+
 def _traces(frame) -> list[dict]:
     return frame.evaluate(f"() => {PLOT}.data.map((t) => ({{name: t.name || '', x: t.xaxis || 'x', n: t.x.length}}))")
 
@@ -166,6 +222,18 @@ def test_demo_runs_side_by_side(tab):
     assert annotations.count("No GPU seen by NVML: bands are non-compute gaps from step timing") == 2
     cards = frame.locator(".rm-card")
     assert "input-bound" in cards.nth(0).inner_text() and "compute-bound" in cards.nth(1).inner_text()
+    # findings, most severe first, with their code and (for the first, open) their fix
+    input_bound, tuned = cards.nth(0), cards.nth(1)
+    codes = "(nodes) => nodes.map((node) => node.dataset.code)"
+    assert input_bound.locator(".rm-finding").evaluate_all(codes)[:3] == [
+        "INPUT_BOUND", "PIPELINE_SERIAL_MAP", "PIPELINE_PY_FUNCTION"]
+    text = input_bound.inner_text()
+    assert "INPUT_BOUND" in text and "Input wait is" in text and "Fix: " in text
+    assert "has no num_parallel_calls" in text and "PIPELINE_SERIAL_MAP" in text  # the serial map
+    assert "calls Python through EagerPyFunc" in text and "PIPELINE_PY_FUNCTION" in text  # the py_function
+    assert "INPUT_BOUND" not in tuned.inner_text() and "INPUT_BOUND" not in tuned.locator(".rm-finding").evaluate_all(
+        codes)
+    assert "No alerts in the runs shown" in frame.locator("#rm-alerts").inner_text()
     assert frame.locator(".rm-steps").first.get_attribute("data-steps") == "256"
     assert "finished" in cards.nth(0).locator(".rm-status").inner_text().lower()
     _screenshot(page, "tab_demo.png")
@@ -195,7 +263,7 @@ def test_zoom_moves_every_subplot_and_refetches(tab):
     assert not problems
 
 
-def test_gpu_run_and_an_unreadable_run(tab):
+def test_gpu_run_and_an_unreadable_run(tab, tensorboard):
     page, frame, problems, _ = tab
     _select(frame, f"{GPU_RUN}/rnnmon", "unreadable/rnnmon")
     names = {t["name"] for t in _traces(frame)}
@@ -210,6 +278,30 @@ def test_gpu_run_and_an_unreadable_run(tab):
     assert frame.locator(".rm-plot img").count() == 0 and frame.evaluate("() => window.pwned") is None
     hover = frame.evaluate(f"() => {PLOT}.data.find((t) => t.name === 'GPU 0 utilization').hovertemplate")
     assert "Fake GPU &lt;0&gt;" in hover
+    # alerts: bands across the column's rows, a lane above 100% with the hover text, and the list
+    run = f"{GPU_RUN}/rnnmon"
+    origin = _route(tensorboard, "timeline", run=run, points=10)["origin"]
+    first = _route(tensorboard, "summary", run=run)["alerts"][0]  # Unix seconds; the chart has seconds since origin
+    start, end = first["start"] - origin, first["end"] - origin
+    lane = frame.evaluate(f"() => {PLOT}.data.find((t) => t.name === 'alert')")
+    assert lane["xaxis"] == "x" and min(v for v in lane["y"] if v is not None) > 100
+    assert lane["x"][:3] == pytest.approx([start, (start + end) / 2, end], abs=1e-3) and end - start == 5.0
+    assert "<b>gpu_util_low</b> · GPU 0<br>12.5% (threshold 20%)" in lane["text"][0]
+    assert "&lt;b&gt;over&lt;/b&gt;" in lane["text"][4] and "end of data (unresolved)" in lane["text"][4]
+    bands = frame.evaluate(f"() => {PLOT}.layout.shapes.filter((s) => s.fillcolor === 'rgba(220, 38, 38, 0.09)')")
+    assert len(bands) == 2 and all(b["yref"] == "paper" and b["y1"] - b["y0"] == 1.0 for b in bands)
+    line = frame.evaluate(f"() => {PLOT}.layout.shapes.find((s) => s.name === 'gpu_util_low threshold')")
+    assert line["y0"] == line["y1"] == 20 and line["line"]["dash"] == "dash"  # the default: no file saved
+    rows = frame.locator("#rm-alerts tbody tr")
+    assert rows.count() == 2
+    newest, oldest = rows.nth(0), rows.nth(1)
+    assert newest.get_attribute("data-rule") == "input_wait_high"
+    assert "unresolved" in newest.inner_text().lower()  # open when the (finished) run stopped writing
+    assert "<b>over</b>" in newest.locator(".rm-alert-message").inner_text()  # markup from data is text
+    cells = oldest.locator("td").all_inner_texts()
+    assert cells[0] == GPU_RUN and cells[1:3] == ["gpu_util_low", "GPU 0"] and cells[5:7] == ["12.5%", "20%"]
+    assert cells[3].endswith(f"{start:.1f} s") and cells[4].endswith(f"{end:.1f} s")
+    assert frame.locator("#rm-alerts b, #rm-alerts img").count() == 0
     _screenshot(page, "tab_gpu_and_error.png")
     assert not [p for p in problems if "500" not in p]  # the unreadable run's 500 answer is expected
 
@@ -241,6 +333,83 @@ def test_live_run_updates_without_reload(tab, logdir, tmp_path):
         fit.terminate()
         fit.wait(timeout=30)
     assert not problems
+
+
+def test_thresholds_saved_in_the_tab_reach_a_running_fit(tab, logdir, tensorboard, tmp_path):
+    """Save gpu_util_low 80% in the panel; the fit (60% busy, quiet under the default 20%) fires within seconds."""
+    page, frame, problems, _ = tab
+    run, saved = "live_thresholds/rnnmon", logdir / THRESHOLDS_FILE
+    script, log = tmp_path / "thresholds_fit.py", tmp_path / "thresholds_fit.log"
+    script.write_text(THRESHOLDS_FIT)
+    with open(log, "w") as stderr:
+        fit = subprocess.Popen([sys.executable, str(script), str(logdir / "live_thresholds"), TESTS],
+                               stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        frame.wait_for_function(f"() => [...document.querySelectorAll('#rm-run-a option')]"
+                                f".some((o) => o.value === '{run}')", timeout=40_000)
+        _select(frame, run)
+        frame.wait_for_function("() => Number(document.querySelector('.rm-steps').dataset.steps) > 40",
+                                timeout=20_000)
+        assert not [a for a in _route(tensorboard, "summary", run=run)["alerts"] if a["rule"] == "gpu_util_low"]
+
+        frame.click("#rm-thresholds-toggle")
+        status = frame.locator("#rm-thresholds-status")
+        frame.fill('[data-field="gpu_util_low.pct"]', "80")
+        frame.fill('[data-field="gpu_util_low.resolve_pct"]', "70")  # below pct: the server says why not
+        frame.click("#rm-thresholds-save")
+        frame.locator("#rm-thresholds .rm-th-problem").wait_for(timeout=10_000)
+        message = "gpu_util_low.resolve_pct must be in [80, 100] (at least pct). Received: 70"
+        assert message in status.inner_text() and message in frame.locator(".rm-th-problem").inner_text()
+        assert frame.locator('[data-field="gpu_util_low.resolve_pct"]').get_attribute("aria-invalid") == "true"
+        assert not saved.exists()
+        _screenshot(page, "tab_thresholds_error.png")
+
+        frame.fill('[data-field="gpu_util_low.resolve_pct"]', "85")
+        frame.fill('[data-field="gpu_util_low.for_s"]', "1")
+        frame.click("#rm-thresholds-save")
+        frame.wait_for_function("() => document.querySelector('#rm-thresholds-status').textContent.startsWith('Saved')",
+                                timeout=10_000)
+        saved_at = time.monotonic()
+        assert load_thresholds_file(saved).gpu_util_low == GpuUtilLow(pct=80, resolve_pct=85, for_s=1)
+        assert frame.locator(".rm-th-source").inner_text().lower() == "saved file"
+        _screenshot(page, "tab_thresholds.png")
+
+        frame.wait_for_function("""() => [...document.querySelectorAll('#rm-alerts tbody tr')]
+            .some((row) => row.dataset.rule === 'gpu_util_low' && row.dataset.threshold === '80')""", timeout=20_000)
+        print(f"saved to alert in the tab: {time.monotonic() - saved_at:.1f} s")
+        assert frame.locator('#rm-alerts tbody tr[data-rule="gpu_util_low"]').first.get_attribute("data-firing") == "1"
+        assert time.monotonic() - saved_at < 15.0
+        (alert,) = [a for a in _route(tensorboard, "summary", run=run)["alerts"] if a["rule"] == "gpu_util_low"]
+        assert alert["threshold"] == 80 and alert["device"] == 0 and alert["value"] == pytest.approx(60, abs=1)
+        assert "alert thresholds now come from" in log.read_text()
+        line = frame.evaluate(f"() => {PLOT}.layout.shapes.find((s) => s.name === 'gpu_util_low threshold')")
+        assert line["y0"] == 80  # the line follows the saved thresholds
+        assert frame.evaluate(f"() => {PLOT}.data.some((t) => t.name === 'alert')")
+        frame.click("#rm-thresholds-toggle")  # closed: the chart and the list in view
+        frame.wait_for_timeout(300)
+        _screenshot(page, "tab_alerts.png")
+    finally:
+        fit.kill()  # never wait for a TensorFlow process to exit by itself
+        fit.wait(timeout=30)
+        saved.unlink(missing_ok=True)
+    assert not [p for p in problems if "400" not in p]  # the refused save's answer is expected
+
+
+def test_read_only_logdir_turns_saving_off(browser, tmp_path):
+    (tmp_path / THRESHOLDS_FILE).mkdir()  # no file can replace a folder, not even root's: honestly unwritable
+    with _tensorboard(str(tmp_path), active=False) as url:
+        page, frame, problems, _ = _open_tab(browser, url)
+        try:
+            frame.click("#rm-thresholds-toggle")  # there even before any run: thresholds can be set up front
+            notice = frame.locator(".rm-th-notice")
+            notice.wait_for(state="visible", timeout=30_000)
+            assert "Saving is off" in notice.inner_text() and "exists and is not a file" in notice.inner_text()
+            assert frame.locator("#rm-thresholds-save").is_disabled()
+            assert frame.locator('[data-field="gpu_util_low.pct"]').is_disabled()
+            _screenshot(page, "tab_thresholds_read_only.png")
+            assert not problems
+        finally:
+            page.close()
 
 
 def test_empty_logdir_explains_how_to_add_the_callback(browser, tmp_path):

@@ -1,17 +1,24 @@
 // rnnmon's TensorBoard tab: why is the GPU idle, step by step?
 //
 // A plain ES module that TensorBoard loads in an iframe and calls `render()` on. It reads the plugin's routes
-// (`runs`, `timeline`, `summary`; see http_api.md), draws one plotly figure whose subplots share a time axis
-// (a column per compared run), and polls while a run is live. Data from runs (names, device names, findings)
-// reaches the DOM only through textContent, and plotly only through `plotlyText`, which escapes markup.
+// (`runs`, `timeline`, `summary`, `thresholds`; see http_api.md), draws one plotly figure whose subplots share a
+// time axis (a column per compared run) with the runs' alerts as red bands, lists the alerts, and polls while a
+// run is live. The alert thresholds panel lives in thresholds.js. Data from runs (names, device names, findings,
+// alert messages) reaches the DOM only through textContent, and plotly only through `plotlyText`, which escapes
+// markup.
 //
 // Example (what TensorBoard's iframe does):
 //   import("./index.js").then((m) => m.render());
 
+import {ROUTE, el, errorText, fixed, pct, plotlyText, short} from "./dom.js";
+import {RULES, buildThresholdsPanel, currentThresholds, loadThresholds, noteRuns, onThresholdsChange} from
+  "./thresholds.js";
+
 const POLL_MS = 2500;
 const PLOT_HEIGHT = 600;
 const BAR_LIMIT = 600; // more steps than this in view: lines instead of stacked bars
-const ROUTE = (name) => new URL(name, import.meta.url);
+const ALERT_LIMIT = 200; // alerts drawn and listed per run; `rnnmon report` has them all
+const ALERT = {band: "rgba(220, 38, 38, 0.09)", color: "#dc2626", laneY: 108}; // laneY: above 100%
 
 const CAUSES = {
   input: {label: "input pipeline", color: "rgba(245, 158, 11, 0.45)"},
@@ -46,13 +53,14 @@ const ui = {};
 
 export async function render() {
   buildSkeleton();
+  onThresholdsChange(() => drawChart()); // the gpu_util_low line follows the saved thresholds
   try {
     await loadPlotly();
   } catch (error) {
     showMessage("error", "The chart library could not be loaded", [String(error.message || error)]);
   }
   const loop = async () => {
-    await poll();
+    await Promise.all([poll(), loadThresholds()]);
     setTimeout(loop, POLL_MS); // after each answer, so slow answers never pile up
   };
   await loop();
@@ -63,7 +71,7 @@ async function getJson(name, params = {}) {
   const url = ROUTE(name);
   for (const [key, value] of Object.entries(params)) url.searchParams.set(key, value);
   const response = await fetch(url);
-  if (!response.ok) throw new Error((await response.text()) || `${response.status} ${response.statusText}`);
+  if (!response.ok) throw new Error(errorText(await response.text()) || `${response.status} ${response.statusText}`);
   return response.json();
 }
 
@@ -76,6 +84,7 @@ async function poll() {
     return;
   }
   state.runs = listing.runs;
+  noteRuns(state.runs);
   ui.controls.hidden = !state.runs.length;
   updateSelectors();
   if (!state.runs.length) {
@@ -118,13 +127,6 @@ function selectedRuns() {
 }
 
 // --- page structure ----------------------------------------------------------------------------------------
-function el(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-
 function buildSkeleton() {
   const style = el("link");
   style.rel = "stylesheet";
@@ -146,13 +148,19 @@ function buildSkeleton() {
   ui.reset.addEventListener("click", () => setView(null));
   ui.controls = el("div", "rm-controls");
   ui.controls.append(labelA, labelB, ui.reset);
-  header.append(title, ui.controls);
+  const thresholds = buildThresholdsPanel(); // also before any run exists: thresholds can be set up front
+  const actions = el("div", "rm-actions");
+  actions.append(ui.controls, thresholds.toggle);
+  header.append(title, actions);
   ui.message = el("section", "rm-message");
   ui.message.hidden = true;
   ui.cards = el("section", "rm-cards");
   ui.plot = el("div", "rm-plot");
   ui.plot.id = "rm-plot";
-  app.append(header, ui.message, ui.cards, ui.plot);
+  ui.alerts = el("section", "rm-alerts");
+  ui.alerts.id = "rm-alerts";
+  ui.alerts.hidden = true;
+  app.append(header, thresholds.section, ui.message, ui.cards, ui.plot, ui.alerts);
   document.body.append(app);
   for (const [index, select] of [ui.runA, ui.runB].entries()) {
     select.addEventListener("change", () => {
@@ -206,6 +214,7 @@ function hideMessage() {
 
 function showEmptyState() {
   ui.cards.replaceChildren();
+  ui.alerts.hidden = true;
   if (window.Plotly) window.Plotly.purge(ui.plot);
   ui.plot.hidden = true;
   showMessage("empty", "No rnnmon data in this log directory yet", [
@@ -220,6 +229,7 @@ function drawCards() {
   const runs = selectedRuns();
   ui.cards.style.gridTemplateColumns = `repeat(${Math.max(1, runs.length)}, minmax(0, 1fr))`;
   ui.cards.replaceChildren(...runs.map((run) => card(run, state.results.get(run.run))));
+  drawAlerts();
 }
 
 function card(run, result) {
@@ -259,7 +269,7 @@ function card(run, result) {
     ["Median step", s.step_ms.median === null ? "n/a" : `${fixed(s.step_ms.median, 2)} ms`,
       s.step_ms.p90 === null ? "" : `p90 ${fixed(s.step_ms.p90, 2)} ms`],
   ]));
-  node.append(findings(s));
+  node.append(findings(s, run.live));
   return node;
 }
 
@@ -273,13 +283,16 @@ function tiles(items) {
   return grid;
 }
 
-function findings(summary) {
+function findings(summary, live) {
   const list = el("div", "rm-findings");
   summary.findings.slice(0, 3).forEach((f, i) => {
     const item = el("details", `rm-finding rm-sev-${f.severity}`);
     item.open = i === 0; // the most severe one shows its fix; the others open on click
+    item.dataset.code = f.code;
     const head = el("summary", "");
-    head.append(el("span", "rm-sev", f.severity), el("span", "rm-finding-text", f.message));
+    const code = el("code", "rm-finding-code", f.code);
+    code.title = "Look this code up in rnnmon's docs or `rnnmon report`";
+    head.append(el("span", "rm-sev", f.severity), el("span", "rm-finding-text", f.message), code);
     item.append(head, el("div", "rm-advice", `Fix: ${f.advice}`), el("div", "rm-where", `Where: ${f.where}`));
     list.append(item);
   });
@@ -291,20 +304,96 @@ function findings(summary) {
     item.append(el("span", "rm-sev", "advice"), el("span", "rm-finding-text", VERDICT_ADVICE[summary.verdict]));
     list.append(item);
   }
-  for (const alert of summary.alerts.slice(-3)) {
-    const item = el("div", "rm-finding rm-sev-warning");
-    item.append(el("span", "rm-sev", "alert"), el("span", "rm-finding-text", `${alert.rule}: ${alert.message || ""}`));
+  if (summary.alerts.length) { // the alerts themselves are in the list below the chart
+    const open = summary.alerts.filter((alert) => alert.end === null);
+    const firing = live ? open : [];
+    const rules = [...new Set((firing.length ? firing : summary.alerts).map((alert) => alert.rule))];
+    const item = el("div", `rm-finding rm-sev-${firing.length ? "critical" : "warning"}`);
+    const count = `${summary.alerts.length} alert${summary.alerts.length === 1 ? "" : "s"}`;
+    const still = firing.length ? `, ${firing.length} still firing` : open.length ? `, ${open.length} unresolved` : "";
+    item.append(el("span", "rm-sev", firing.length ? "firing" : "alerts"),
+      el("span", "rm-finding-text", `${count}${still}: ${rules.join(", ")} (listed below the chart)`));
     list.append(item);
   }
   return list;
 }
 
-function pct(fraction) {
-  return fraction === null || fraction === undefined ? "n/a" : `${(100 * fraction).toFixed(1)}%`;
+// --- alert list --------------------------------------------------------------------------------------------
+function drawAlerts() {
+  const runs = selectedRuns().filter((run) => state.results.get(run.run)?.summary);
+  ui.alerts.hidden = !runs.length;
+  if (!runs.length) return;
+  const rows = [];
+  let more = 0;
+  for (const run of runs) {
+    const result = state.results.get(run.run);
+    const alerts = result.summary.alerts;
+    more += Math.max(0, alerts.length - ALERT_LIMIT);
+    for (const alert of alerts.slice(-ALERT_LIMIT)) rows.push(alertRow(run, alert, result.timeline?.origin));
+  }
+  rows.sort((a, b) => Number(b.dataset.start) - Number(a.dataset.start)); // newest first
+  const head = el("div", "rm-alerts-head");
+  const firing = rows.filter((row) => row.dataset.firing === "1").length;
+  head.append(el("h2", "", "Alerts"), el("span", "rm-muted", rows.length
+    ? `${rows.length} in ${runs.length === 1 ? "this run" : "the runs shown"}${firing ? `, ${firing} firing` : ""}`
+    : ""));
+  if (!rows.length) {
+    ui.alerts.replaceChildren(head, el("p", "rm-muted rm-alerts-none",
+      "No alerts in the runs shown. Alerts fire when a rule's thresholds are crossed; set them under " +
+      "Alert thresholds."));
+    return;
+  }
+  const table = el("table", "rm-alert-table");
+  const top = el("tr");
+  for (const title of ["Run", "Rule", "Device", "Start", "End", "Value", "Threshold", "Message"]) {
+    top.append(el("th", "", title));
+  }
+  const thead = el("thead");
+  thead.append(top);
+  const tbody = el("tbody");
+  tbody.append(...rows);
+  table.append(thead, tbody);
+  const parts = [head, table];
+  if (more) parts.push(el("p", "rm-muted", `${more} older alerts are not shown; \`rnnmon report\` lists them all.`));
+  ui.alerts.replaceChildren(...parts);
 }
 
-function fixed(value, digits) {
-  return value === null || value === undefined ? "n/a" : Number(value).toFixed(digits);
+function alertRow(run, alert, origin) {
+  const spec = RULES[alert.rule] || {label: alert.rule, unit: ""};
+  const firing = alert.end === null && run.live; // open in a run that stopped writing: unresolved, not firing
+  const row = el("tr", firing ? "rm-alert-firing" : "");
+  row.dataset.rule = String(alert.rule);
+  row.dataset.run = run.run;
+  row.dataset.threshold = String(alert.threshold);
+  row.dataset.start = String(alert.start);
+  row.dataset.firing = firing ? "1" : "0";
+  const rule = el("td", "rm-alert-rule");
+  rule.append(el("code", "", String(alert.rule)));
+  rule.title = spec.label;
+  const end = el("td");
+  if (firing) end.append(el("span", "rm-badge-firing", "firing"));
+  else if (alert.end === null) {
+    const badge = el("span", "rm-badge-open", "unresolved");
+    badge.title = "The run stopped writing while this alert was firing";
+    end.append(badge);
+  }
+  else end.append(...when(alert.end, origin));
+  const start = el("td");
+  start.append(...when(alert.start, origin));
+  row.append(el("td", "rm-alert-run", run.name), rule,
+    el("td", "", alert.device === null || alert.device === undefined ? "run" : `GPU ${alert.device}`), start, end,
+    el("td", "rm-num", `${short(alert.value)}${spec.unit}`),
+    el("td", "rm-num", `${short(alert.threshold)}${spec.unit}`),
+    el("td", "rm-alert-message", String(alert.message || "")));
+  return row;
+}
+
+// A Unix time as the clock time, and as the chart's seconds since the run's start when that is known.
+function when(unix, origin) {
+  const clock = new Date(1e3 * unix).toLocaleTimeString([], {hour: "2-digit", minute: "2-digit", second: "2-digit"});
+  const parts = [el("span", "", clock)];
+  if (origin !== undefined) parts.push(el("span", "rm-muted", ` · ${fixed(unix - origin, 1)} s`));
+  return parts;
 }
 
 // --- chart -------------------------------------------------------------------------------------------------
@@ -318,7 +407,7 @@ function drawChart() {
   }
   const figure = {data: [], layout: baseLayout(columns)};
   const legend = new Set();
-  columns.forEach((result, c) => addColumn(figure, result.timeline, c, columns.length, legend));
+  columns.forEach((result, c) => addColumn(figure, result, c, columns.length, legend));
   const first = window.Plotly.react(ui.plot, figure.data, figure.layout,
     {responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d"]});
   if (!ui.plot.dataset.bound) {
@@ -335,6 +424,7 @@ function axisId(prefix, n) {
 
 function baseLayout(columns) {
   const count = columns.length;
+  const lane = columns.some((result) => result.summary?.alerts?.length); // room above 100% for the alert lane
   const gap = 0.05;
   const width = (1 - gap * (count - 1)) / count;
   const layout = {
@@ -361,7 +451,7 @@ function baseLayout(columns) {
         zeroline: false, showline: true, linecolor: "#cbd5e1", rangemode: "tozero"};
       if (c === 0) yaxis.title = {text: row.title, font: {size: 11}};
       if (c > 0) yaxis.matches = axisId("y", r * count + 1);
-      if (r === 0) yaxis.range = [0, 105];
+      if (r === 0) Object.assign(yaxis, {range: [0, lane ? 114 : 105], tickvals: [0, 20, 40, 60, 80, 100]});
       else yaxis.autorange = true;
       layout[axisId("xaxis", n)] = xaxis;
       layout[axisId("yaxis", n)] = yaxis;
@@ -370,7 +460,8 @@ function baseLayout(columns) {
   return layout;
 }
 
-function addColumn(figure, timeline, c, count, legend) {
+function addColumn(figure, result, c, count, legend) {
+  const timeline = result.timeline;
   const n = (r) => r * count + c + 1;
   const ref = (prefix, r) => (n(r) === 1 ? prefix : `${prefix}${n(r)}`);
   const axes = (r) => ({xaxis: ref("x", r), yaxis: ref("y", r)});
@@ -463,6 +554,48 @@ function addColumn(figure, timeline, c, count, legend) {
       opacity: Math.max(0.3, phases.share[i]), line: {width: 0}, name: style.label,
       legendgroup: `phase-${kind}`, showlegend: once(`phase-${kind}`)});
   });
+
+  // The gpu_util_low threshold now saved (or the default) on the utilization row.
+  const low = currentThresholds()?.gpu_util_low;
+  if (timeline.gpus.length && low?.enabled) {
+    figure.layout.shapes.push({type: "line", layer: "above", xref: `${ref("x", 0)} domain`, yref: ref("y", 0),
+      x0: 0, x1: 1, y0: low.pct, y1: low.pct, line: {color: ALERT.color, width: 1.2, dash: "dash"},
+      label: {text: `gpu_util_low < ${short(low.pct)}%`, textposition: "end", yanchor: "bottom",
+        font: {size: 10, color: ALERT.color}},
+      name: "gpu_util_low threshold", legendgroup: "threshold", showlegend: once("threshold")});
+  }
+  addAlerts(figure, result, ref("x", 0), ref("y", 0), minWidth, once);
+}
+
+// Alerts as red bands across the column's rows, and a lane above 100% on the first row that carries the hover.
+function addAlerts(figure, result, xaxis, yaxis, minWidth, once) {
+  const timeline = result.timeline;
+  const alerts = (result.summary?.alerts || []).slice(-ALERT_LIMIT);
+  if (!alerts.length) return;
+  const live = state.runs.find((run) => run.run === timeline.run)?.live;
+  const xs = [];
+  const ys = [];
+  const text = [];
+  for (const alert of alerts) {
+    const start = alert.start - timeline.origin; // Unix seconds to the chart's seconds since the run's start
+    const end = Math.max(alert.end === null ? timeline.extent.end : alert.end - timeline.origin, start + minWidth);
+    figure.layout.shapes.push({type: "rect", layer: "below", xref: xaxis, yref: "paper", x0: start, x1: end,
+      y0: ROWS[ROWS.length - 1].domain[0], y1: ROWS[0].domain[1], fillcolor: ALERT.band, line: {width: 0}});
+    const spec = RULES[alert.rule] || {unit: ""};
+    const device = alert.device === null || alert.device === undefined ? "" : ` · GPU ${alert.device}`;
+    const open = alert.end === null ? (live ? "now (firing)" : "end of data (unresolved)") : "";
+    const span = `${fixed(start, 1)} s – ${open || `${fixed(end, 1)} s`}`;
+    const first = String(alert.message || "").split(". ")[0].slice(0, 140);
+    const label = `<b>${plotlyText(alert.rule)}</b>${device}<br>${short(alert.value)}${spec.unit} ` +
+      `(threshold ${short(alert.threshold)}${spec.unit}) · ${span}<br>${plotlyText(first)}`;
+    xs.push(start, (start + end) / 2, end, null);
+    ys.push(ALERT.laneY, ALERT.laneY, ALERT.laneY, null);
+    text.push(label, label, label, null);
+  }
+  figure.data.push({type: "scatter", mode: "lines+markers", x: xs, y: ys, text, name: "alert",
+    line: {color: ALERT.color, width: 6}, marker: {size: 10, opacity: 0, color: ALERT.color},
+    hovertemplate: "%{text}<extra></extra>", legendgroup: "alert", showlegend: once("alert"), connectgaps: false,
+    xaxis, yaxis});
 }
 
 function onRelayout(event) {
@@ -486,11 +619,6 @@ function setView(view) {
 
 function displayName(run) {
   return state.runs.find((r) => r.run === run)?.name || run;
-}
-
-// Plotly reads a small HTML subset in labels; escape run and device names so they are shown, never parsed.
-function plotlyText(text) {
-  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
 function loadPlotly() {
