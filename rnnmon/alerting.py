@@ -46,16 +46,20 @@ class Alerting:
         wall_offset_s: Monotonic-to-Unix offset of the chunks' times.
         on_alert: Called with every event, on the background thread.
         on_fire: Called with every firing event after `on_alert` (stop training, start a profile).
+        on_change: Called with this object when a thresholds file replaces the thresholds during the fit.
         watch_file: Follow the thresholds file. Defaults to `True`.
     """
 
     def __init__(self, thresholds: Thresholds, *, log_dir: str, writer: SummaryWriter, wall_offset_s: float,
                  on_alert: Callable[[AlertEvent], None] | None = None,
-                 on_fire: Callable[[AlertEvent], None] | None = None, watch_file: bool = True) -> None:
+                 on_fire: Callable[[AlertEvent], None] | None = None,
+                 on_change: Callable[[Alerting], None] | None = None, watch_file: bool = True) -> None:
         self._writer = writer
         self._wall_offset_s = wall_offset_s
         self._on_alert = on_alert
         self._on_fire = on_fire
+        self._on_change = on_change
+        self.source = "callback"  # or the path of the thresholds file in use
         self._files = thresholds_files(log_dir) if watch_file else []
         self._seen: tuple[str, float] | None = None
         self._engine = AlertEngine(thresholds, wall_offset_s=wall_offset_s)
@@ -88,9 +92,12 @@ class Alerting:
         if thresholds is None or thresholds == self._engine.thresholds:
             return
         if now is not None:  # alerts judged by the old thresholds end here
-            self._deliver(self._engine.finish(now))
+            self._deliver(self._engine.finish(now, reason=f"Thresholds changed ({current[0]})"))
         self._engine = AlertEngine(thresholds, wall_offset_s=self._wall_offset_s)
+        self.source = current[0]
         LOG.warning("rnnmon: alert thresholds now come from %s", current[0])
+        if now is not None and self._on_change is not None:
+            self._on_change(self)
 
     def _nearest_file(self) -> tuple[str, float] | None:
         for path in self._files:

@@ -227,12 +227,12 @@ class AlertEngine:
                     self._gap(None if device == STEP_DEVICE else device, start, end, cause)
         return sorted(self._events, key=_event_time)
 
-    def finish(self, now: float) -> list[AlertEvent]:
-        """Resolve every open alert at `now` (monotonic seconds), as training ends."""
+    def finish(self, now: float, reason: str = "Training ended") -> list[AlertEvent]:
+        """Resolve every open alert at `now` (monotonic seconds), as training ends or the thresholds change."""
         self._events = []
         for (rule, device), alert in list(self._open.items()):
             self._close(rule, device, max(now, alert.start), alert, alert.event.threshold,
-                        f"Training ended while firing: {alert.describe(alert.latest)}.")
+                        f"{reason} while firing: {alert.describe(alert.latest)}.")
         return sorted(self._events, key=_event_time)
 
     # --- rules -----------------------------------------------------------------------------------------

@@ -74,6 +74,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         audit: Check the model's RNN layers, the input pipeline and device placement at the start and record
             the findings. Defaults to `True`.
 
+    Put it first in the callbacks list: callbacks after it then count as host gap, not as step time.
+
     Example:
         ```python
         model.fit(dataset, epochs=3, callbacks=[rnnmon.UtilizationMonitor("runs/exp1")])
@@ -144,7 +146,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._profile = ProfileCapture(self.run_dir, self.profile_steps_on_alert)
         self._alerting = Alerting(self.thresholds, log_dir=self.log_dir, writer=self._writer,
                                   wall_offset_s=self._wall_offset, on_alert=self.on_alert, on_fire=self._on_fire,
-                                  watch_file=self.watch_thresholds)
+                                  on_change=self._on_thresholds_change, watch_file=self.watch_thresholds)
         self._recorder = Recorder(self._writer, sampler, self._wall_offset, idle_pct=self.idle_pct,
                                   min_gap_s=self.min_gap_s, on_chunk=self._alerting.on_chunk)
         self._input_timing = self._install_input_timing()
@@ -266,6 +268,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
         wrap_train_function(self.model, self._on_wait, self._on_error, on_iterator)
         return "measured"
 
+    def _on_thresholds_change(self, alerting: Alerting) -> None:
+        self._run_info.update(thresholds=alerting.thresholds.to_dict(), thresholds_source=alerting.source)
+        self._writer.json(md.RUN_TAG, self._run_info)
+
     def _on_fire(self, event: AlertEvent) -> None:
         stop = self.stop_on_alert
         if stop is True or (not isinstance(stop, bool) and event.rule in stop):
@@ -315,6 +321,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             "input_wait": self._input_timing, "idle_pct": self.idle_pct,
             "gpus": sampler.describe() if sampler else [],
             "nvml": "available" if self._nvml.available else "unavailable",
+            "thresholds": self._alerting.thresholds.to_dict(), "thresholds_source": self._alerting.source,
         }
 
 
