@@ -52,11 +52,6 @@ def open_logdir(logdir: str) -> tuple[tb_provider.DataProvider, Any]:
     return data_provider.MultiplexerDataProvider(multiplexer, logdir), context.RequestContext()
 
 
-def list_runs(provider: tb_provider.DataProvider, ctx: Any, experiment_id: str = "") -> list[str]:
-    listing = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME)
-    return sorted(run for run, tags in listing.items() if tags)
-
-
 def read_runs(provider: tb_provider.DataProvider, ctx: Any, experiment_id: str = "",
               runs: list[str] | None = None) -> dict[str, RunData]:
     """Read the named runs (default: all rnnmon runs); a run with unreadable data lists it in `errors`."""
