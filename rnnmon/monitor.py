@@ -126,6 +126,15 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         for stale in [m for m in _RUNNING if m is self or m.model is self.model]:
             stale._finish("aborted")  # its fit raised before on_train_end
+        try:
+            self._start()
+        except Exception as error:  # e.g. an unwritable log_dir: train anyway, unmonitored
+            LOG.error("rnnmon: monitoring is off for this fit: %s: %s", type(error).__name__, error)
+            if self.model is not None:
+                unwrap_train_function(self.model)
+            self._nvml.shutdown()
+
+    def _start(self) -> None:
         self._clock = time.perf_counter
         self._wall_offset = time.time() - self._clock()
         self._epoch = 0
@@ -136,7 +145,6 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._last_flush = self._clock()
         self._fit_begin = self._clock()
         self._warming_up = True
-        self._status = "running"
 
         self._nvml.start()
         sampler = Sampler(self._nvml, select_devices(self._nvml, self.devices), self._clock) \
@@ -163,6 +171,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if not self._active:
+            return
         self._begin = self._clock()
         self._wait, self._batches = NA, 0
         if self._open_phase is not None:  # the epoch boundary lasts until the next epoch's first step
@@ -170,6 +180,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._last_end = self._begin
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if not self._active:
+            return
         end = self._clock()
         batches = self._batches or self.model.steps_per_execution
         self._global_step += batches
@@ -198,7 +210,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._open_phase = ("epoch_end", now)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._open_phase is None:
+        if self._active and self._open_phase is None:
             self._open_phase = ("epoch_end", self._last_end)
 
     def on_train_end(self, logs: dict | None = None) -> None:

@@ -122,3 +122,16 @@ def test_signals_write_everything_before_the_process_ends(tmp_path, signum, stat
     run = read_run(str(tmp_path))
     assert run.info["status"] == status
     assert len(run.steps) > 20 and run.info["steps"] == len(run.steps)  # flush_secs=5: only the exit path wrote
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_unwritable_log_dir_trains_unmonitored_with_one_error(tmp_path, caplog):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the log directory should be")
+    model = tiny_model()
+    history = model.fit(stalled_dataset(10), epochs=2, verbose=0,
+                        callbacks=[UtilizationMonitor(str(blocker / "exp"))])
+    assert len(history.history["loss"]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelname == "ERROR"]
+    assert len(errors) == 1 and "monitoring is off for this fit" in errors[0]
+    assert not _rnnmon_threads() and not hasattr(model.train_function, "__rnnmon_original__")
