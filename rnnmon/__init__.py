@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rnnmon.findings import Finding
+from rnnmon.static_audit import audit
 
 if TYPE_CHECKING:
     from rnnmon.monitor import UtilizationMonitor
 
-__all__ = ["Finding", "UtilizationMonitor"]
+__all__ = ["Finding", "UtilizationMonitor", "audit"]
 __version__ = "0.1.0"
 
 

@@ -72,5 +72,5 @@ def run_demo(logdir: str = "runs") -> int:
                          verbose=0, callbacks=[UtilizationMonitor(run_dir)])
     print()
     print(render_text(build_report(logdir)))
-    print(f"\nOpen the rnnmon tab:  tensorboard --logdir {logdir}   then browse to http://localhost:6006/#rnnmon")
+    print(f"\nOpen the \"RNN Monitor\" tab:  tensorboard --logdir {logdir}   then http://localhost:6006/#rnnmon")
     return 0

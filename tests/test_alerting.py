@@ -147,3 +147,36 @@ def test_run_description_records_the_thresholds_in_effect(tmp_path):
                      callbacks=[UtilizationMonitor(str(tmp_path), thresholds=custom, audit=False)])
     info = read_run(str(tmp_path)).info
     assert info["thresholds_source"] == "callback" and info["thresholds"]["gpu_util_low"]["pct"] == 12.0
+
+
+def test_input_wait_alert_from_an_injected_stall(tmp_path):
+    events = []
+    thresholds = {"input_wait_high": {"pct": 20.0, "resolve_pct": 10.0, "for_s": 0.3}}
+
+    def delay(batch: int) -> float:
+        return 0.03 if 40 <= batch < 80 else 0.0  # the pipeline stalls for 40 steps, then recovers
+
+    tiny_model().fit(stalled_dataset(200, delay, prefetch="none"), epochs=1, verbose=0,
+                     callbacks=[UtilizationMonitor(str(tmp_path), thresholds=thresholds, on_alert=events.append,
+                                                   audit=False)])
+    states = [e.state for e in events if e.rule == "input_wait_high"]
+    assert states == ["firing", "resolved"]
+    assert "prefetch" in events[0].message and events[0].value > 20
+
+
+def test_profile_capture_yields_to_a_running_profiler(tmp_path, caplog):
+    import tensorflow as tf
+
+    windows = IdleWindows()
+    tf.profiler.experimental.start(str(tmp_path / "theirs"))  # as TensorBoard(profile_batch=...) would
+    try:
+        with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
+            history = tiny_model().fit(
+                stalled_dataset(150, _dip_at(30, 1.5, windows)), epochs=1, verbose=0,
+                callbacks=[UtilizationMonitor(str(tmp_path / "ours"), thresholds=FAST, profile_steps_on_alert=5,
+                                              audit=False)])
+    finally:
+        tf.profiler.experimental.stop()
+    assert len(history.history["loss"]) == 1
+    assert any("could not start a profiler trace" in r.getMessage() for r in caplog.records)
+    assert not glob.glob(str(tmp_path / "ours" / "rnnmon" / "plugins" / "profile" / "*" / "*.xplane.pb"))

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from rnnmon.audit import audit
+from rnnmon import audit
 
 
 def lstm_model(**lstm_kwargs):

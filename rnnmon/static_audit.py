@@ -1,8 +1,8 @@
 """Audit a model and its training input before training: why the GPU will wait, without running a step.
 
 Example:
-    >>> import rnnmon.audit
-    >>> for finding in rnnmon.audit.audit(model, train_ds):
+    >>> import rnnmon
+    >>> for finding in rnnmon.audit(model, train_ds):
     ...     print(finding.severity, finding.where, finding.message, "->", finding.advice)
     warning lstm 'lstm' (LSTM) cannot use the cuDNN kernel: recurrent_dropout=0.2 (...) -> ...
 """
