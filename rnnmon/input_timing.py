@@ -1,8 +1,11 @@
-"""Times the input-pipeline wait on Keras's TensorFlow backend by pulling each step's batches eagerly.
+"""Times the input-pipeline wait inside Keras's `train_function`, where callbacks cannot see it.
 
-Keras 3 fetches a batch inside the compiled `train_function`, where callbacks cannot see it. The wrapper pulls
-the step's batch(es) with `next(iterator)` on the host, timed, then hands the list to the original function,
-which runs the same compiled step through its non-iterator branch. Losses and weights are unchanged.
+TensorFlow backend: Keras 3 fetches the batch inside the compiled function. The wrapper pulls the step's
+batch(es) with `next(iterator)` on the host, timed, then hands the list to the original function, which runs
+the same compiled step through its non-iterator branch. Losses and weights are unchanged.
+
+JAX backend: Keras calls `next(iterator)` in Python inside `train_function(state, iterator)`, so the wrapper
+hands it the same iterator behind a proxy that times each `next`.
 
 Example:
     >>> wrap_train_function(model, on_wait=lambda seconds, batches: ..., on_error=lambda error: ...)
@@ -58,6 +61,50 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
 
     setattr(timed_train_function, _ORIGINAL, original)
     model.train_function = timed_train_function
+
+
+def wrap_jax_train_function(model: Any, on_wait: Callable[[float, int], None],
+                            on_error: Callable[[BaseException], None]) -> None:
+    """Replace `model.train_function(state, iterator)` with one that times every `next(iterator)` it makes."""
+    unwrap_train_function(model)
+    original = model.train_function
+
+    def timed_train_function(state: Any, iterator: Any) -> Any:
+        timed = _TimedIterator(iterator)
+        try:
+            result = original(state, timed)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            on_error(error)
+            raise
+        on_wait(timed.waited_s, timed.batches)
+        return result
+
+    setattr(timed_train_function, _ORIGINAL, original)
+    model.train_function = timed_train_function
+
+
+class _TimedIterator:
+    """Passes batches through, adding up the time each `next` took."""
+
+    __slots__ = ("_iterator", "batches", "waited_s")
+
+    def __init__(self, iterator: Any) -> None:
+        self._iterator = iterator
+        self.batches = 0
+        self.waited_s = 0.0
+
+    def __iter__(self) -> _TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        try:
+            return next(self._iterator)
+        finally:
+            self.waited_s += time.perf_counter() - start
+            self.batches += 1
 
 
 def peek_first_iterator(model: Any, on_iterator: Callable[[Any], None]) -> None:

@@ -26,7 +26,12 @@ from rnnmon.alerts import AlertEvent
 from rnnmon.devices import framework_gpu_count, process_on_devices, select_devices
 from rnnmon.exits import ExitGuard
 from rnnmon.findings import Finding, sort_findings
-from rnnmon.input_timing import peek_first_iterator, unwrap_train_function, wrap_train_function
+from rnnmon.input_timing import (
+    peek_first_iterator,
+    unwrap_train_function,
+    wrap_jax_train_function,
+    wrap_train_function,
+)
 from rnnmon.nvml import Nvml
 from rnnmon.pipeline_audit import audit_pipeline
 from rnnmon.placement_audit import audit_placement
@@ -58,9 +63,11 @@ class UtilizationMonitor(keras.callbacks.Callback):
         flush_secs: Seconds between writes to disk, at most 5. Defaults to `2.0`.
         idle_pct: Utilization at or below which the GPU counts as idle. Defaults to `5.0`.
         min_gap_ms: Without a GPU, the shortest non-compute stretch reported as a gap. Defaults to `10.0`.
-        measure_input_wait: Pull batches eagerly to time the input wait (TensorFlow backend). `None` does it
-            when `steps_per_execution == 1`; with larger values it would cost the in-graph loop (about 0.3 ms
-            per batch), so it is off unless set to True. Defaults to `None`.
+        measure_input_wait: Time the input wait inside Keras's train function (TensorFlow and JAX backends;
+            on torch it is part of the host gap). `None` does it on JAX always, and on TensorFlow when
+            `steps_per_execution == 1`: with larger values the batches would be pulled eagerly in place of the
+            in-graph loop (about 0.3-0.7 ms per batch), so it is off there unless set to True.
+            Defaults to `None`.
         thresholds: Alert thresholds, a `rnnmon.Thresholds` or a dict of the same shape. A thresholds file
             saved by the TensorBoard tab in `log_dir` or up to three folders above it replaces them within one
             flush while `watch_thresholds` is True. Defaults to `Thresholds()`.
@@ -264,20 +271,25 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def _install_input_timing(self) -> str:
         backend = keras.backend.backend()
         per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        wanted = self.measure_input_wait if self.measure_input_wait is not None else per_execution == 1
-        if backend != "tensorflow":
+        if backend not in ("tensorflow", "jax"):
             if self.measure_input_wait:
-                LOG.warning("rnnmon: input wait is measured on the TensorFlow backend only; on %s it is "
+                LOG.warning("rnnmon: input wait is measured on the TensorFlow and JAX backends only; on %s it is "
                             "part of the host gap.", backend)
             return f"not measured: the {backend} backend"
-        if not wanted:
-            if self.audit:
+        # On JAX the batches are fetched in Python anyway: timing them costs nothing at any steps_per_execution.
+        default = per_execution == 1 or backend == "jax"
+        if not (self.measure_input_wait if self.measure_input_wait is not None else default):
+            if self.audit and backend == "tensorflow":
                 peek_first_iterator(self.model, self._audit_pipeline)
-            return f"not measured: steps_per_execution={per_execution}"
+            off = self.measure_input_wait is False
+            return f"not measured: {'measure_input_wait=False' if off else f'steps_per_execution={per_execution}'}"
         if getattr(self.model, "train_function", None) is None:
             self.model.make_train_function()
-        on_iterator = self._audit_pipeline if self.audit else None
-        wrap_train_function(self.model, self._on_wait, self._on_error, on_iterator)
+        if backend == "jax":
+            wrap_jax_train_function(self.model, self._on_wait, self._on_error)
+        else:
+            wrap_train_function(self.model, self._on_wait, self._on_error,
+                                self._audit_pipeline if self.audit else None)
         return "measured"
 
     def _on_thresholds_change(self, alerting: Alerting) -> None:
