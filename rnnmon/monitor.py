@@ -152,6 +152,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._last_flush = self._clock()
         self._fit_begin = self._clock()
         self._warming_up = True
+        self._per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
 
         self._nvml.start()
         sampler = Sampler(self._nvml, select_devices(self._nvml, self.devices), self._clock) \
@@ -167,7 +168,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._input_timing = self._install_input_timing()
         self._run_info = self._describe_run(sampler)
         self._writer.json(md.RUN_TAG, self._run_info)
-        self._findings = self._audit_setup() if self.audit else []
+        self._findings: list[Finding] = []
+        if self.audit:
+            self._audit_setup()
         self._active = True
         _RUNNING.add(self)
         self._ticker = Ticker(self.sample_interval_s, self._tick)
@@ -190,7 +193,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if not self._active:
             return
         end = self._clock()
-        batches = self._batches or self.model.steps_per_execution
+        batches = self._batches or self._per_execution
         self._global_step += batches
         gap = self._begin - self._last_end
         if self._warming_up:  # tracing and iterator creation: neither input wait nor host overhead
@@ -270,7 +273,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
 
     def _install_input_timing(self) -> str:
         backend = keras.backend.backend()
-        per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        per_execution = self._per_execution
         if backend not in ("tensorflow", "jax"):
             if self.measure_input_wait:
                 LOG.warning("rnnmon: input wait is measured on the TensorFlow and JAX backends only; on %s it is "
@@ -303,7 +306,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self.model.stop_training = True
         self._profile.request(event.rule)
 
-    def _audit_setup(self) -> list[Finding]:
+    def _audit_setup(self) -> None:
         """RNN layers and device placement, checked once per fit before the first step."""
         findings = audit_rnn_layers(self.model)
         framework = framework_gpu_count()
@@ -312,7 +315,6 @@ class UtilizationMonitor(keras.callbacks.Callback):
             indices = [d["index"] for d in self._sampler.describe()] if self._sampler else []
             findings += audit_placement(nvml_count, framework, process_on_devices(self._nvml, indices))
         self._report_findings(findings)
-        return findings
 
     def _audit_pipeline(self, iterator: Any) -> None:
         """The input pipeline, reached through the first iterator Keras hands the train function."""
@@ -327,21 +329,21 @@ class UtilizationMonitor(keras.callbacks.Callback):
             LOG.info("rnnmon: the input pipeline audit failed (%s: %s)", type(error).__name__, error)
             return
         self._report_findings(found)
-        self._findings = self._findings + found
 
     def _report_findings(self, findings: list[Finding]) -> None:
+        """Log new findings once and record the fit's whole list (the latest record is the one read)."""
         for finding in findings:
             level = logging.INFO if finding.severity == "info" else logging.WARNING
             LOG.log(level, "rnnmon %s %s at %s: %s Fix: %s", finding.severity, finding.code, finding.where,
                     finding.message, finding.advice)
-        everything = sort_findings([*getattr(self, "_findings", []), *findings])
-        self._writer.json(md.FINDINGS_TAG, [f.to_dict() for f in everything])
+        self._findings = sort_findings([*self._findings, *findings])
+        self._writer.json(md.FINDINGS_TAG, [f.to_dict() for f in self._findings])
 
     def _describe_run(self, sampler: Sampler | None) -> dict[str, Any]:
         return {
             "version": md.FORMAT_VERSION, "status": "running", "start": time.time(), "end": None,
             "backend": keras.backend.backend(), "keras": keras.__version__, "host": socket.gethostname(),
-            "pid": os.getpid(), "steps_per_execution": int(getattr(self.model, "steps_per_execution", 1) or 1),
+            "pid": os.getpid(), "steps_per_execution": self._per_execution,
             "input_wait": self._input_timing, "idle_pct": self.idle_pct,
             "gpus": sampler.describe() if sampler else [],
             "nvml": "available" if self._nvml.available else "unavailable",

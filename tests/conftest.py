@@ -94,3 +94,11 @@ def read_run(logdir: str, run: str = "rnnmon"):
 
     provider, ctx = open_logdir(logdir)
     return read_runs(provider, ctx)[run]
+
+
+def run_status(logdir) -> str | None:
+    """The recorded status of the run under `logdir`, or None while nothing has been flushed."""
+    try:
+        return read_run(str(logdir)).info.get("status")
+    except KeyError:
+        return None

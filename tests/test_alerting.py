@@ -11,7 +11,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import read_run, stalled_dataset, tiny_model
+from conftest import read_run, run_status, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
 from test_gpu_sampling import IdleWindows
 
@@ -87,13 +87,6 @@ def test_unknown_stop_rule_is_rejected():
         UtilizationMonitor("logs", stop_on_alert=["gpu_too_hot"])
 
 
-def _status(run_dir) -> str | None:
-    try:
-        return read_run(str(run_dir)).info.get("status")
-    except KeyError:  # nothing written yet
-        return None
-
-
 CHILD = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {tests!r})
@@ -117,16 +110,16 @@ def test_thresholds_file_reaches_a_running_fit(tmp_path):
         child = subprocess.Popen([sys.executable, "-c", script], stderr=stderr_file)
     try:
         deadline = time.monotonic() + 60
-        while _status(run_dir) is None and time.monotonic() < deadline:
+        while run_status(run_dir) is None and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(3)
-        assert _status(run_dir) == "running"  # no alert at the callback's thresholds
+        assert run_status(run_dir) == "running"  # no alert at the callback's thresholds
         raised = Thresholds.from_dict({"gpu_util_low": {"pct": 80.0, "resolve_pct": 85.0, "for_s": 1.0}})
         save_thresholds_file(tmp_path / THRESHOLDS_FILE, raised)  # one folder above the run, as the tab saves
         saved_at = time.monotonic()
-        while _status(run_dir) == "running" and time.monotonic() - saved_at < 20:
+        while run_status(run_dir) == "running" and time.monotonic() - saved_at < 20:
             time.sleep(0.2)
-        assert _status(run_dir) == "finished" and time.monotonic() - saved_at < 10
+        assert run_status(run_dir) == "finished" and time.monotonic() - saved_at < 10
         # (The process itself may not exit: TensorFlow can hang at interpreter exit after a py_function
         # pipeline is abandoned mid-epoch, with or without rnnmon.)
     finally:

@@ -12,7 +12,7 @@ import time
 
 import keras
 import pytest
-from conftest import read_run, stalled_dataset, tiny_model
+from conftest import read_run, run_status, stalled_dataset, tiny_model
 
 from rnnmon import UtilizationMonitor
 
@@ -93,13 +93,6 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _status(logdir) -> str | None:
-    try:
-        return read_run(str(logdir)).info.get("status")
-    except KeyError:  # nothing flushed yet
-        return None
-
-
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted")])
 def test_signals_write_everything_before_the_process_ends(tmp_path, signum, status):
     script = CHILD.format(tests=os.path.dirname(__file__), logdir=str(tmp_path))
@@ -114,7 +107,7 @@ def test_signals_write_everything_before_the_process_ends(tmp_path, signum, stat
         # After Ctrl-C, TensorFlow with a py_function pipeline can hang at exit with or without rnnmon;
         # the record must be on disk anyway.
         deadline = time.monotonic() + 30
-        while _status(tmp_path) in (None, "running") and time.monotonic() < deadline:
+        while run_status(tmp_path) in (None, "running") and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
         child.kill()
