@@ -35,7 +35,7 @@ def minmax_indices(x: np.ndarray, values: np.ndarray, points: int, lo: float, hi
     `x` is sorted; `values` is [n, k]. Rows whose columns are all NaN are dropped. With `n <= points` every row is
     kept; otherwise there are `points // (2k)` buckets over [lo, hi], so at most `points` rows come back.
     """
-    values = values.reshape(len(x), -1)
+    values = values[:, None] if values.ndim == 1 else values  # reshape(len(x), -1) fails on 0 rows
     valid = ~np.isnan(values)
     if len(x) <= points:
         return np.flatnonzero(valid.any(axis=1))

@@ -53,6 +53,9 @@ def logdir(tmp_path_factory):
     with installed(FakeNvmlLib([FakeGpu(utilization=_idle_every_second, pids=[os.getpid()])])):
         tiny_model().fit(stalled_dataset(40, 0.03), epochs=1, verbose=0,
                          callbacks=[UtilizationMonitor(str(root / "gpu_fit"), sample_interval_s=0.1)])
+    with installed(FakeNvmlLib([FakeGpu(gpm_supported=False, pids=[os.getpid()])])):  # every pre-Hopper card
+        tiny_model().fit(stalled_dataset(12, 0.02), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(root / "no_gpm_fit"), sample_interval_s=0.1)])
     write_gpu_run(str(root / "long" / "rnnmon"), CHUNKS, dip_at=777)
     write_unreadable_run(str(root / "unreadable" / "rnnmon"))
     write_bad_description_run(str(root / "bad_description" / "rnnmon"))
@@ -155,6 +158,23 @@ def test_timeline_of_a_gpu_fit_has_utilization_and_idle_gaps(client):
     assert 0.0 in gpu["util"]["value"] and 90.0 in gpu["util"]["value"]
     assert gpu["sm_activity"]["total"] > 0
     assert body["gaps"]["total"] >= 1 and set(body["gaps"]["device"]) == {0}
+
+
+def test_timeline_of_a_gpu_without_gpm_has_utilization_and_no_sm_activity(client):
+    status, body = get(client, "timeline", run="no_gpm_fit/rnnmon")
+    assert status == 200, body
+    (gpu,) = body["gpus"]
+    assert gpu["util"]["total"] > 0 and gpu["sm_activity"] is None
+
+
+@pytest.mark.parametrize("window", [{"start": "100000", "end": "200000"}, {"start": "1e308"},
+                                    {"start": "-5", "end": "-1"}])
+def test_timeline_of_a_window_without_data_is_empty(client, window):
+    for run in ("cpu_fit/rnnmon", "long/rnnmon"):
+        status, body = get(client, "timeline", run=run, **window)
+        assert status == 200, body
+        assert body["steps"]["total"] == 0 and body["steps"]["time"] == []
+        assert all(len(gpu["util"]["time"]) <= 1 for gpu in body["gpus"])  # the neighbour that reaches the edge
 
 
 def test_timeline_range_and_points_downsample_with_extremes(client):
