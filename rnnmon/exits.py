@@ -1,7 +1,9 @@
 """Gets the record to disk however a fit ends: SIGTERM, Ctrl-C (SIGINT) or interpreter exit.
 
 Handlers are installed only from the main thread, chain to whatever was there before, and are removed again
-by `release()`.
+by `release()`. They act only in the process that installed them: a forked child (a `PyDataset` worker, a
+`multiprocessing` pool started in a callback) gets them disarmed by `os.register_at_fork`, and a handler that
+still runs in another process (a fork that skipped the at-fork hooks) just does what was there before.
 
 Example:
     >>> guard = ExitGuard(lambda status: monitor_finish(status))
@@ -15,10 +17,12 @@ import atexit
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 _STATUS = {signal.SIGTERM: "terminated", signal.SIGINT: "interrupted"}
+_ARMED: weakref.WeakSet[ExitGuard] = weakref.WeakSet()
 
 
 class ExitGuard:
@@ -27,14 +31,18 @@ class ExitGuard:
     def __init__(self, finish: Callable[[str], None]) -> None:
         self._finish = finish
         self._previous: dict[int, Any] = {}
+        self._pid = os.getpid()
 
     def install(self) -> None:
+        self._pid = os.getpid()
         atexit.register(self._at_exit)
         if threading.current_thread() is threading.main_thread():
             for signum in _STATUS:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
+        _ARMED.add(self)
 
     def release(self) -> None:
+        _ARMED.discard(self)
         atexit.unregister(self._at_exit)
         if threading.current_thread() is threading.main_thread():
             for signum, previous in self._previous.items():
@@ -43,13 +51,29 @@ class ExitGuard:
         self._previous = {}
 
     def _at_exit(self) -> None:
-        self._finish("aborted")
+        if os.getpid() == self._pid:
+            self._finish("aborted")
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         previous = self._previous.get(signum, signal.SIG_DFL)
-        self._finish(_STATUS[signum])  # releases this guard, restoring `previous`
+        if os.getpid() == self._pid:
+            self._finish(_STATUS[signum])  # releases this guard, restoring `previous`
+        else:  # a child that inherited the handler: behave as if rnnmon were not there
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
+
+
+def _disarm_in_child() -> None:
+    """In a forked child: nothing of the parent's fit may run here, so every guard steps aside."""
+    for guard in list(_ARMED):
+        try:
+            guard.release()
+        except (ValueError, OSError):  # not allowed to touch signals from this thread
+            atexit.unregister(guard._at_exit)
+
+
+os.register_at_fork(after_in_child=_disarm_in_child)
