@@ -2,7 +2,10 @@
 
 TensorFlow backend: Keras 3 fetches the batch inside the compiled function. The wrapper pulls the step's
 batch(es) with `next(iterator)` on the host, timed, then hands the list to the original function, which runs
-the same compiled step through its non-iterator branch. Losses and weights are unchanged.
+the same compiled step through its non-iterator branch. Losses and weights are unchanged. Eager batches
+have concrete shapes, so before the first step the wrapper traces Keras's per-batch step for the iterator's
+own element spec (batch dimension unknown), as Keras's in-graph loop would: the partial last batch of an
+epoch then reuses that trace instead of tracing again (0.5-1 s on a small LSTM).
 
 JAX backend: Keras calls `next(iterator)` in Python inside `train_function(state, iterator)`, so the wrapper
 hands it the same iterator behind a proxy that times each `next`.
@@ -15,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -38,14 +42,16 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
     iterator_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
     clock = time.perf_counter
 
-    first = [on_iterator]
+    first = [True]
 
     def timed_train_function(iterator: Any) -> Any:
         if not isinstance(iterator, iterator_types):
             return original(iterator)
-        if first[0] is not None:
-            first.pop()(iterator)
-            first.append(None)
+        if first[0]:
+            first[0] = False
+            _trace_for_any_batch_size(original, iterator.element_spec)
+            if on_iterator is not None:
+                on_iterator(iterator)
         try:
             start = clock()
             batches = list(itertools.islice(iterator, per_execution))
@@ -61,6 +67,28 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
 
     setattr(timed_train_function, _ORIGINAL, original)
     model.train_function = timed_train_function
+
+
+def _trace_for_any_batch_size(train_function: Any, element_spec: Any) -> None:
+    """Trace Keras's per-batch `tf.function` for `element_spec`, so every batch size dispatches to one trace.
+
+    The step function is reached through the names Keras's `train_function` closes over
+    (`one_step_on_data`, wrapped once as `step_func`); if they are not there, batches keep Keras's own
+    retracing (once per new batch shape).
+    """
+    step = _closure(train_function).get("one_step_on_data")
+    step = _closure(step).get("step_func", step)
+    if hasattr(step, "get_concrete_function"):
+        # A spec the step does not take as is (e.g. a distributed one) leaves Keras tracing as before.
+        with contextlib.suppress(Exception):
+            step.get_concrete_function(element_spec)
+
+
+def _closure(function: Any) -> dict[str, Any]:
+    code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
+    if code is None:
+        return {}
+    return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
 
 
 def wrap_jax_train_function(model: Any, on_wait: Callable[[float, int], None],
