@@ -119,7 +119,7 @@ def test_runs_lists_every_run_with_status(client):
     status, body = get(client, "runs")
     assert status == 200
     runs = {run["name"]: run for run in body["runs"]}
-    assert set(runs) == {"cpu_fit", "gpu_fit", "long", "unreadable", "bad_description", "truncated"}
+    assert set(runs) == {"cpu_fit", "gpu_fit", "no_gpm_fit", "long", "unreadable", "bad_description", "truncated"}
     assert runs["cpu_fit"]["run"] == "cpu_fit/rnnmon"
     assert runs["cpu_fit"]["status"] == "finished" and not runs["cpu_fit"]["live"]
     assert runs["bad_description"]["errors"] and not runs["cpu_fit"]["errors"]
