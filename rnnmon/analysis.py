@@ -26,6 +26,8 @@ from rnnmon.reader import RunData
 INPUT_BOUND_SHARE = 0.20  # the profiler's "highly input-bound"
 HOST_BOUND_SHARE = 0.15  # the profiler's "high" for kernel-launch / other host time
 MIN_STEPS = 10
+LONGEST_GAPS = 20  # gaps listed one by one in a summary; `gap_list` gives all of them
+GAP_HISTOGRAM_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000, 300000, math.inf)
 _S = {name: i for i, name in enumerate(md.STEP_COLUMNS)}
 _STAT = {name: i for i, name in enumerate(md.STAT_COLUMNS)}
 
@@ -60,8 +62,11 @@ def summarize(run: RunData) -> dict[str, Any]:
         "eval_fraction": _ratio(phase_s["eval"], wall),
         "epoch_end_fraction": _ratio(phase_s["epoch_end"], wall),
         "gpus": [_gpu(run, index) for index in sorted(run.util)],
-        "idle_gaps": _gaps(run.gaps),
+        "idle_gap_count": len(run.gaps),
+        "idle_gaps": longest_gaps(run.gaps, LONGEST_GAPS),
         "idle_by_cause_s": _idle_by_cause(run.gaps),
+        "idle_gaps_by_cause": _gap_counts_by_cause(run.gaps),
+        "idle_gap_histogram": _gap_histogram(run.gaps),
         "shares": {"input": _ratio(np.nansum(wait), step_total) if measured else None,
                    "host": _ratio(gap.sum(), step_total)},
         "alerts": merge_alerts(run.alerts),
@@ -115,11 +120,34 @@ def _gpu(run: RunData, index: int) -> dict[str, Any]:
     }
 
 
-def _gaps(gaps: np.ndarray) -> list[dict[str, Any]]:
+def gap_list(gaps: np.ndarray) -> list[dict[str, Any]]:
+    """Gap rows as dictionaries (device None for gaps from step phases), in the rows' order."""
     return [{"device": None if int(device) == md.STEP_DEVICE else int(device), "start": round(float(start), 3),
              "end": round(float(end), 3), "duration_s": round(float(end - start), 4),
              "cause": md.GAP_CAUSES[int(cause)]}
-            for device, start, end, cause in gaps]
+            for device, start, end, cause in gaps.tolist()]
+
+
+def longest_gaps(gaps: np.ndarray, count: int) -> list[dict[str, Any]]:
+    """The `count` longest gaps, longest first."""
+    duration = gaps[:, 2] - gaps[:, 1]
+    if len(gaps) > count:
+        chosen = np.argpartition(-duration, count - 1)[:count]
+        return gap_list(gaps[chosen[np.argsort(-duration[chosen], kind="stable")]])
+    return gap_list(gaps[np.argsort(-duration, kind="stable")])
+
+
+def _gap_counts_by_cause(gaps: np.ndarray) -> dict[str, dict[str, float]]:
+    counts = np.bincount(gaps[:, 3].astype(np.int64), minlength=len(md.GAP_CAUSES))
+    seconds = _idle_by_cause(gaps)
+    return {cause: {"count": int(counts[k]), "seconds": seconds[cause]} for k, cause in enumerate(md.GAP_CAUSES)}
+
+
+def _gap_histogram(gaps: np.ndarray) -> list[dict[str, Any]]:
+    """Gap counts per duration bin (1-2-5 steps in ms); only bins that hold a gap."""
+    counts, _ = np.histogram(1e3 * (gaps[:, 2] - gaps[:, 1]), bins=GAP_HISTOGRAM_MS)
+    return [{"from_ms": GAP_HISTOGRAM_MS[i], "to_ms": None if math.isinf(GAP_HISTOGRAM_MS[i + 1])
+             else GAP_HISTOGRAM_MS[i + 1], "count": int(n)} for i, n in enumerate(counts) if n]
 
 
 def _idle_by_cause(gaps: np.ndarray) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The `rnnmon` command: `rnnmon report LOGDIR [--json]` and `rnnmon demo [--logdir runs]`.
+"""The `rnnmon` command: `rnnmon report LOGDIR [--json] [--gaps all]` and `rnnmon demo [--logdir runs]`.
 
 Example:
     $ rnnmon demo --logdir runs
@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     report = commands.add_parser("report", help="summarize every rnnmon run under LOGDIR")
     report.add_argument("logdir")
     report.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    report.add_argument("--gaps", choices=("longest", "all"), default="longest",
+                        help="list the 20 longest idle gaps per run (default) or every one, in time order")
     demo = commands.add_parser("demo", help="train a small LSTM twice (input-bound, tuned) with the monitor")
     demo.add_argument("--logdir", default="runs")
     args = parser.parse_args(argv)
@@ -26,11 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         from rnnmon.report import build_report, render_text
 
         try:
-            result = build_report(args.logdir)
+            result = build_report(args.logdir, all_gaps=args.gaps == "all")
         except FileNotFoundError as error:
             print(f"rnnmon: {error}", file=sys.stderr)
             return 2
-        print(json.dumps(result, indent=2) if args.json else render_text(result))
+        print(json.dumps(result, indent=2) if args.json else render_text(result, all_gaps=args.gaps == "all"))
         return 0
     from rnnmon.demo import run_demo
 

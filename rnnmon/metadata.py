@@ -1,8 +1,8 @@
 """rnnmon's summary format: plugin name, tags, column layouts, and the `SummaryMetadata` that carries them.
 
-Every rnnmon tensor is float64 of shape [rows, columns] (or a JSON string), tagged below, with
-`plugin_data.plugin_name == "rnnmon"`, `data_class == DATA_CLASS_TENSOR`, and JSON content naming its columns.
-See docs/format.md.
+Every rnnmon table is a packed chunk (`rnnmon.packing`, version 2) or float64 of shape [rows, columns] (version 1),
+and every document a JSON string, tagged below, with `plugin_data.plugin_name == "rnnmon"`,
+`data_class == DATA_CLASS_TENSOR`, and JSON content naming its columns. See docs/format.md.
 
 Example:
     >>> meta = tensor_metadata(STEPS_TAG)
@@ -18,7 +18,7 @@ from typing import Any
 from tensorboard.compat.proto import summary_pb2
 
 PLUGIN_NAME = "rnnmon"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 RUN_SUBDIR = "rnnmon"
 
 RUN_TAG = "rnnmon/run"  # JSON string: run description, rewritten at each fit's start and end

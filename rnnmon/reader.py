@@ -1,28 +1,51 @@
-"""Reads rnnmon runs back through TensorBoard's data provider, for the plugin and for `rnnmon report`.
+"""The one reader of rnnmon runs, for `rnnmon report` and the TensorBoard tab.
+
+Every record is untrusted. A value's type, shape and size are checked before anything is allocated for it
+(a chunk holds at most `packing.MAX_ROWS` rows, and its bytes must be there to back them); a chunk or document
+that fails a check is dropped and named in the run's `errors`, and the rest of the run, and every other run,
+still reads. Event files are walked record by record with their checksums (`rnnmon.eventfile`), so a
+truncated or bit-flipped file is an error of its run, not silent partial data.
+
+A `RunReader` keeps what it decoded. Each update decodes only chunks it has not seen (per tag, keyed by the
+chunk's event step, which rnnmon makes strictly increasing) and appends them to tables that grow in place, so
+reloading a live million-step run costs the new chunks, not the run. It reads either TensorBoard's data provider
+(`update_from_provider`) or the run's event files directly (`update_from_files`: no TensorFlow, checksums
+verified, only new bytes of each file read).
 
 Example:
-    >>> provider, ctx = open_logdir("runs")
-    >>> runs = read_runs(provider, ctx)
-    >>> runs["exp1/rnnmon"].steps[:, 0]          # global step numbers
+    >>> runs = read_logdir("runs")                      # what `rnnmon report` reads: {run name: RunData}
+    >>> runs["exp1/rnnmon"].steps[:, 0]                 # global step numbers
+    >>> reader = RunReader("exp1/rnnmon")               # held per run by the tab, across reloads
+    >>> data = reader.update_from_provider(provider, ctx, experiment_id)   # or .update_from_files(run_dir)
+    >>> data.errors                                     # [] when every record read
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
+import math
+import os
+import time
 from typing import Any
 
 import numpy as np
-from tensorboard.data import provider as tb_provider
 
 from rnnmon import metadata as md
+from rnnmon import packing
+from rnnmon.eventfile import scan_records
 
 ALL_SAMPLES = 10**9  # `downsample` that keeps everything the provider holds
+MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a few KiB in practice
+TAIL_GRACE_S = 10.0  # a file that ends inside a record for longer than this is truncated, not being written
+EVENT_FILE_MARK = "tfevents"
+_SEVERITIES = ("info", "warning", "critical")
 
 
 @dataclasses.dataclass
 class RunData:
-    """Everything rnnmon wrote for one run, as float64 tables (times in Unix seconds)."""
+    """Everything rnnmon wrote for one run, as float64 tables (times in Unix seconds). Treat it as read-only."""
 
     run: str
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -40,7 +63,226 @@ class RunData:
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
-def open_logdir(logdir: str) -> tuple[tb_provider.DataProvider, Any]:
+class InvalidRecord(ValueError):
+    """A value that does not fit rnnmon's format; the message says what and where."""
+
+
+class _Table:
+    """A float64 table that grows by whole chunks, kept in event-step order."""
+
+    def __init__(self, width: int) -> None:
+        self._rows = np.empty((0, width))
+        self._size = 0
+        self._steps: list[int] = []
+        self._starts: list[int] = []
+
+    def add(self, step: int, rows: np.ndarray) -> None:
+        count = len(rows)
+        if not self._steps or step > self._steps[-1]:
+            if self._size + count > len(self._rows):
+                grown = np.empty((max(2 * len(self._rows), self._size + count, 256), self._rows.shape[1]))
+                grown[: self._size] = self._rows[: self._size]
+                self._rows = grown
+            self._rows[self._size: self._size + count] = rows
+            self._steps.append(step)
+            self._starts.append(self._size)
+        else:  # a chunk older than one already read (a second writer): insert it in place, once
+            at = bisect.bisect(self._steps, step)
+            row = self._starts[at]
+            self._rows = np.concatenate([self._rows[:row], rows, self._rows[row: self._size]])
+            self._steps.insert(at, step)
+            self._starts.insert(at, row)
+            for i in range(at + 1, len(self._starts)):
+                self._starts[i] += count
+        self._size += count
+
+    def view(self) -> np.ndarray:
+        return self._rows[: self._size]
+
+
+class RunReader:
+    """One run's rnnmon data, decoded chunk by chunk and kept; each update decodes only what is new."""
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self._content: dict[str, dict[str, Any] | None] = {}  # tag -> its JSON content; None: not rnnmon's
+        self._seen: dict[str, set[int]] = {}
+        self._tables: dict[str, _Table] = {}
+        self._documents: dict[str, list[tuple[int, Any]]] = {}
+        self._fits: set[tuple[Any, Any]] = set()
+        self._errors: dict[str, None] = {}
+        self._last_write = 0.0
+        self._offsets: dict[str, int] = {}
+
+    # --- sources -----------------------------------------------------------------------------------------
+    def update_from_provider(self, provider: Any, ctx: Any, experiment_id: str = "") -> RunData:
+        """Read the run through TensorBoard's data provider; only datums with unseen steps are decoded.
+
+        The provider has already turned every value into an array (TensorBoard does that on each call); a
+        value whose shape exceeds what the format allows is refused here before it is used.
+        """
+        from tensorboard.data import provider as tb_provider
+
+        where = tb_provider.RunTagFilter(runs=[self.run])
+        listing = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME,
+                                        run_tag_filter=where).get(self.run, {})
+        data = provider.read_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME,
+                                     downsample=ALL_SAMPLES, run_tag_filter=where).get(self.run, {})
+        for tag, series in listing.items():
+            if tag not in self._content:
+                self._content[tag] = md.parse_content(series.plugin_content)
+            seen = self._seen.setdefault(tag, set())
+            for datum in data.get(tag, []):
+                self._last_write = max(self._last_write, datum.wall_time)
+                if datum.step not in seen:
+                    seen.add(datum.step)
+                    self._add(tag, datum.step, lambda d=datum: _raw_from_array(d.numpy))
+        return self.data()
+
+    def update_from_files(self, run_dir: str) -> RunData:
+        """Read the run's event files in `run_dir` directly: new files and the new bytes of known ones."""
+        from google.protobuf.message import DecodeError
+        from tensorboard.compat.proto import event_pb2
+
+        try:
+            names = sorted(name for name in os.listdir(run_dir) if EVENT_FILE_MARK in name)
+        except OSError as error:
+            self._error(f"cannot list {run_dir}: {error.strerror or error}")
+            names = []
+        for name in names:
+            path = os.path.join(run_dir, name)
+            try:
+                scan = scan_records(path, self._offsets.get(name, 0))
+                modified = os.path.getmtime(path)
+            except OSError as error:
+                self._error(f"{name}: cannot read: {error.strerror or error}")
+                continue
+            self._offsets[name] = scan.offset
+            if scan.problem:
+                self._error(f"{name}: {scan.problem}")
+            if scan.truncated and time.time() - modified > TAIL_GRACE_S:
+                self._error(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
+            for index, record in enumerate(scan.records):
+                try:
+                    event = event_pb2.Event.FromString(record)
+                except DecodeError:
+                    self._error(f"{name}: record {index} after byte {scan.offset} is not an event")
+                    continue
+                if event.HasField("summary"):
+                    self._add_event(event)
+        return self.data()
+
+    def _add_event(self, event: Any) -> None:
+        for value in event.summary.value:
+            tag = value.tag
+            if tag not in self._content or (self._content[tag] is None and value.HasField("metadata")):
+                is_ours = value.metadata.plugin_data.plugin_name == md.PLUGIN_NAME
+                self._content[tag] = md.parse_content(value.metadata.plugin_data.content) if is_ours else None
+            if self._content[tag] is None:
+                continue  # not rnnmon's (its scalars, another plugin)
+            self._last_write = max(self._last_write, event.wall_time)
+            seen = self._seen.setdefault(tag, set())
+            if event.step in seen:
+                continue
+            seen.add(event.step)
+            self._add(tag, event.step, lambda v=value: _raw_from_proto(v.tensor) if v.HasField("tensor") else None)
+
+    # --- decoding ----------------------------------------------------------------------------------------
+    def _add(self, tag: str, step: int, raw: Any) -> None:
+        try:
+            value = raw()
+            if value is None:
+                raise InvalidRecord("not a tensor")
+            if tag in (md.RUN_TAG, md.FINDINGS_TAG, md.ALERTS_TAG):
+                self._add_document(tag, step, _document(value))
+                return
+            columns = md.columns_for(tag)
+            if columns is None:
+                return  # a tag from a newer rnnmon: ignore it
+            if tag.startswith((md.UTIL_TAG_PREFIX, md.STATS_TAG_PREFIX)) and md.device_of(tag) is None:
+                raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
+            rows = _decode_table(tag, value, len(columns))
+            _check_rows(tag, rows)
+        except (InvalidRecord, packing.FormatError, ValueError, TypeError, UnicodeDecodeError) as error:
+            self._error(f"{tag} at step {step}: {error}")
+            return
+        self._tables.setdefault(tag, _Table(len(columns))).add(step, rows)
+
+    def _add_document(self, tag: str, step: int, doc: Any) -> None:
+        if tag == md.RUN_TAG:
+            if not isinstance(doc, dict):
+                raise InvalidRecord(f"the run description is a {type(doc).__name__}, not a JSON object")
+            _check_description(doc)
+            self._fits.add((str(doc.get("pid")), str(doc.get("start"))))
+        else:
+            if not isinstance(doc, list):
+                raise InvalidRecord(f"a {type(doc).__name__} where a JSON list belongs")
+            for item in doc:
+                (_check_finding if tag == md.FINDINGS_TAG else _check_alert)(item)
+        bisect.insort(self._documents.setdefault(tag, []), (step, doc), key=lambda pair: pair[0])
+
+    def _error(self, message: str) -> None:
+        self._errors[message] = None
+
+    # --- result ------------------------------------------------------------------------------------------
+    def data(self) -> RunData:
+        out = RunData(self.run, last_write=self._last_write, errors=list(self._errors))
+        descriptions = self._documents.get(md.RUN_TAG, [])
+        if descriptions:
+            out.info = descriptions[-1][1]
+            out.fits = len(self._fits)
+        findings = self._documents.get(md.FINDINGS_TAG, [])
+        out.findings = findings[-1][1] if findings else []
+        out.alerts = [alert for _, chunk in self._documents.get(md.ALERTS_TAG, []) for alert in chunk]
+        for tag, table in self._tables.items():
+            device = md.device_of(tag)
+            if device is not None:
+                content = self._content.get(tag) or {}
+                described = content.get("device")
+                out.devices[device] = described if isinstance(described, dict) else {"index": device}
+                (out.util if tag.startswith(md.UTIL_TAG_PREFIX) else out.stats)[device] = table.view()
+            else:
+                setattr(out, _TABLE_FIELDS[tag], table.view())
+        return out
+
+
+_TABLE_FIELDS = {md.STEPS_TAG: "steps", md.PHASES_TAG: "phases", md.HOST_TAG: "host", md.GAPS_TAG: "gaps"}
+
+
+def read_logdir(logdir: str, runs: list[str] | None = None) -> dict[str, RunData]:
+    """Every rnnmon run under `logdir` (or the named ones), read from its event files; no TensorFlow."""
+    result = {}
+    for run, run_dir in _run_dirs(logdir):
+        if runs is not None and run not in runs:
+            continue
+        reader = RunReader(run)
+        data = reader.update_from_files(run_dir)
+        if reader._tables or reader._documents or (data.errors and os.path.basename(run_dir) == md.RUN_SUBDIR):
+            result[run] = data
+    return result
+
+
+def _run_dirs(logdir: str) -> list[tuple[str, str]]:
+    """(run name, directory) for every directory under `logdir` holding event files, named as TensorBoard does."""
+    found = []
+    for directory, _, files in os.walk(logdir):
+        if any(EVENT_FILE_MARK in name for name in files):
+            relative = os.path.relpath(directory, logdir)
+            found.append((relative.replace(os.sep, "/"), directory))
+    return sorted(found)
+
+
+def read_runs(provider: Any, ctx: Any, experiment_id: str = "", runs: list[str] | None = None) -> dict[str, RunData]:
+    """Read the named runs (default: all rnnmon runs) through a data provider; errors are listed per run."""
+    from tensorboard.data import provider as tb_provider
+
+    listing = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME,
+                                    run_tag_filter=tb_provider.RunTagFilter(runs=runs))
+    return {run: RunReader(run).update_from_provider(provider, ctx, experiment_id)
+            for run, tags in listing.items() if tags}
+
+
+def open_logdir(logdir: str) -> tuple[Any, Any]:
     """A data provider over `logdir` that keeps every rnnmon sample, and the request context it needs."""
     from tensorboard import context
     from tensorboard.backend.event_processing import data_provider, event_accumulator, plugin_event_multiplexer
@@ -52,70 +294,127 @@ def open_logdir(logdir: str) -> tuple[tb_provider.DataProvider, Any]:
     return data_provider.MultiplexerDataProvider(multiplexer, logdir), context.RequestContext()
 
 
-def read_runs(provider: tb_provider.DataProvider, ctx: Any, experiment_id: str = "",
-              runs: list[str] | None = None) -> dict[str, RunData]:
-    """Read the named runs (default: all rnnmon runs); a run with unreadable data lists it in `errors`."""
-    listing = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME,
-                                    run_tag_filter=tb_provider.RunTagFilter(runs=runs))
-    data = provider.read_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME,
-                                 downsample=ALL_SAMPLES, run_tag_filter=tb_provider.RunTagFilter(runs=runs))
-    result = {}
-    for run, tags in listing.items():
-        if tags:
-            result[run] = _assemble(run, tags, data.get(run, {}))
-    return result
+# --- values --------------------------------------------------------------------------------------------------
+def _raw_from_proto(tensor: Any) -> bytes | np.ndarray:
+    """A packed chunk or document (bytes) or a v1 float64 table, from a TensorProto, checked before it is built."""
+    from tensorboard.compat.proto import types_pb2
+
+    dims = [d.size for d in tensor.tensor_shape.dim]
+    if tensor.dtype == types_pb2.DT_STRING:
+        if any(d != 1 for d in dims) or len(tensor.string_val) != 1:
+            raise InvalidRecord(f"a string tensor of shape {dims} where one string belongs")
+        return tensor.string_val[0]
+    if tensor.dtype != types_pb2.DT_DOUBLE:
+        raise InvalidRecord(f"dtype {tensor.dtype} where float64 ({types_pb2.DT_DOUBLE}) or string belongs")
+    if len(dims) != 2 or not 0 <= dims[0] <= packing.MAX_ROWS or not 0 < dims[1] <= 64:
+        raise InvalidRecord(f"shape {dims}: a table is [rows <= {packing.MAX_ROWS}, columns]")
+    count = dims[0] * dims[1]
+    if tensor.tensor_content:
+        if len(tensor.tensor_content) != 8 * count:
+            raise InvalidRecord(f"shape {dims} needs {8 * count} bytes, the record holds {len(tensor.tensor_content)}")
+        return np.frombuffer(tensor.tensor_content, dtype="<f8").reshape(dims)
+    if len(tensor.double_val) != count:
+        raise InvalidRecord(f"shape {dims} needs {count} values, the record holds {len(tensor.double_val)}")
+    return np.asarray(tensor.double_val, dtype=np.float64).reshape(dims)
 
 
-def _assemble(run: str, series: dict[str, Any], data: dict[str, list[Any]]) -> RunData:
-    out = RunData(run)
-    for tag, meta in series.items():
-        content = md.parse_content(meta.plugin_content)
-        datums = sorted(data.get(tag, []), key=lambda d: d.step)
-        if datums:
-            out.last_write = max(out.last_write, max(d.wall_time for d in datums))
-        try:
-            _store(out, tag, content, datums)
-        except (ValueError, TypeError, json.JSONDecodeError) as error:
-            out.errors.append(f"{tag}: {error}")
-    return out
+def _raw_from_array(value: Any) -> bytes | np.ndarray:
+    """The same, from the array TensorBoard's data provider made of the value."""
+    array = np.asarray(value)
+    if array.dtype == object or array.dtype.kind in "SU":
+        if array.size != 1:
+            raise InvalidRecord(f"a string tensor of shape {list(array.shape)} where one string belongs")
+        item = array.reshape(-1)[0]
+        return item if isinstance(item, bytes) else str(item).encode()
+    if array.ndim != 2 or array.shape[0] > packing.MAX_ROWS or not 0 < array.shape[1] <= 64:
+        raise InvalidRecord(f"shape {list(array.shape)}: a table is [rows <= {packing.MAX_ROWS}, columns]")
+    if array.dtype.kind != "f":
+        raise InvalidRecord(f"dtype {array.dtype} where float64 or string belongs")
+    return array
 
 
-def _store(out: RunData, tag: str, content: dict[str, Any], datums: list[Any]) -> None:
-    if tag == md.RUN_TAG:
-        docs = [_json(d) for d in datums]
-        if docs:
-            out.info = docs[-1]
-            out.fits = len({(doc.get("pid"), doc.get("start")) for doc in docs})
-        return
-    if tag == md.FINDINGS_TAG:
-        out.findings = _json(datums[-1]) if datums else []
-        return
-    if tag == md.ALERTS_TAG:
-        out.alerts = [alert for d in datums for alert in _json(d)]
-        return
-    columns = md.columns_for(tag)
-    if columns is None:
-        return  # a tag from a newer rnnmon: ignore it
-    table = _table([d.numpy for d in datums], len(columns), tag)
-    device = md.device_of(tag)
-    if device is not None:
-        out.devices[device] = content.get("device", {"index": device})
-        (out.util if tag.startswith(md.UTIL_TAG_PREFIX) else out.stats)[device] = table
-    else:
-        setattr(out, {md.STEPS_TAG: "steps", md.PHASES_TAG: "phases", md.HOST_TAG: "host",
-                      md.GAPS_TAG: "gaps"}[tag], table)
+def _decode_table(tag: str, value: bytes | np.ndarray, width: int) -> np.ndarray:
+    if isinstance(value, bytes):
+        if value[:4] != packing.MAGIC:
+            raise InvalidRecord("a string where a table belongs")
+        return packing.decode(tag, value)
+    if value.shape[1] != width:
+        raise InvalidRecord(f"expected rows of {width} columns, found shape {value.shape}")
+    return np.asarray(value, dtype=np.float64)
 
 
-def _table(chunks: list[np.ndarray], width: int, tag: str) -> np.ndarray:
-    for chunk in chunks:
-        if chunk.ndim != 2 or chunk.shape[1] != width:
-            raise ValueError(f"expected rows of {width} columns, found shape {chunk.shape} in {tag}")
-    if not chunks:
-        return np.empty((0, width))
-    return np.concatenate([np.asarray(c, dtype=np.float64) for c in chunks])
+def _check_rows(tag: str, rows: np.ndarray) -> None:
+    """Values the format rules out: non-finite times and counters, out-of-range kinds, causes and devices."""
+    def whole(column: np.ndarray, lo: float, hi: float) -> bool:
+        return bool(np.isfinite(column).all() and (column == np.rint(column)).all()
+                    and (column >= lo).all() and (column <= hi).all())
+
+    if tag == md.STEPS_TAG:
+        s = {name: rows[:, i] for i, name in enumerate(md.STEP_COLUMNS)}
+        if not (np.isfinite(rows[:, :4]).all() and whole(s["batches"], 1, 2**31) and whole(s["step"], 0, 2**53)
+                and whole(s["epoch"], 0, 2**31)):
+            raise InvalidRecord("a step row with a non-finite or fractional step, epoch, time or batch count")
+    elif tag == md.PHASES_TAG:
+        if not (whole(rows[:, 0], 0, len(md.PHASE_KINDS) - 1) and np.isfinite(rows[:, 1:]).all()):
+            raise InvalidRecord(f"a phase with a kind outside 0..{len(md.PHASE_KINDS) - 1} or a non-finite time")
+    elif tag == md.GAPS_TAG:
+        if not (whole(rows[:, 0], md.STEP_DEVICE, 2**16) and whole(rows[:, 3], 0, len(md.GAP_CAUSES) - 1)
+                and np.isfinite(rows[:, 1:3]).all() and (rows[:, 2] >= rows[:, 1]).all()):
+            raise InvalidRecord(f"a gap with a device below {md.STEP_DEVICE}, a cause outside "
+                                f"0..{len(md.GAP_CAUSES) - 1}, or a bad interval")
+    elif not np.isfinite(rows[:, 0]).all():
+        raise InvalidRecord("a row with a non-finite time")
 
 
-def _json(datum: Any) -> Any:
-    value = datum.numpy
-    raw = value.item() if hasattr(value, "item") else value
-    return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+def _document(value: bytes | np.ndarray) -> Any:
+    if not isinstance(value, bytes):
+        raise InvalidRecord("a table where a JSON document belongs")
+    if len(value) > MAX_DOCUMENT_BYTES:
+        raise InvalidRecord(f"a JSON document of {len(value)} bytes, over the {MAX_DOCUMENT_BYTES}-byte limit")
+    try:
+        return json.loads(value.decode("utf-8"))
+    except RecursionError:
+        raise InvalidRecord("a JSON document nested too deeply") from None
+    except ValueError as error:
+        raise InvalidRecord(f"not JSON: {error}") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_DESCRIPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "status": (str,), "backend": (str,), "keras": (str,), "host": (str,), "input_wait": (str,), "nvml": (str,),
+    "gpus": (list,)}
+
+
+def _check_description(doc: dict[str, Any]) -> None:
+    for key, types in _DESCRIPTION_TYPES.items():
+        if doc.get(key) is not None and not isinstance(doc[key], types):
+            raise InvalidRecord(f"run description field {key!r} is a {type(doc[key]).__name__}")
+    for key in ("start", "end", "idle_pct", "steps", "steps_per_execution"):
+        if doc.get(key) is not None and not _is_number(doc[key]):
+            raise InvalidRecord(f"run description field {key!r} is not a finite number: {doc[key]!r:.40}")
+
+
+def _check_finding(item: Any) -> None:
+    fields = ("code", "severity", "where", "message", "advice")
+    if not isinstance(item, dict) or set(item) != set(fields) or not all(isinstance(item[f], str) for f in fields):
+        raise InvalidRecord(f"a finding that is not {{{', '.join(fields)}}} strings: {str(item)!r:.60}")
+    if item["severity"] not in _SEVERITIES:
+        raise InvalidRecord(f"a finding with severity {item['severity']!r:.30}, not one of {', '.join(_SEVERITIES)}")
+
+
+def _check_alert(item: Any) -> None:
+    if not isinstance(item, dict):
+        raise InvalidRecord(f"an alert that is a {type(item).__name__}, not a JSON object")
+    for key in ("rule", "state", "message"):
+        if item.get(key) is not None and not isinstance(item[key], str):
+            raise InvalidRecord(f"alert field {key!r} is not a string")
+    for key in ("start", "end", "value", "threshold"):
+        number = item.get(key)
+        if number is not None and not (_is_number(number) or (key in ("value", "threshold") and number != number)):
+            raise InvalidRecord(f"alert field {key!r} is not a number")
+    device = item.get("device")
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
+        raise InvalidRecord("alert field 'device' is not an integer")

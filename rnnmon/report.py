@@ -1,16 +1,21 @@
 """`rnnmon report`: every run with rnnmon data under a log directory, as a table or as JSON.
 
+Runs are read from their event files by `rnnmon.reader.read_logdir`: no TensorFlow is imported. Names and
+messages come from files anyone could have written, so the text report shows control characters escaped.
+
 Example:
     >>> print(render_text(build_report("runs")))
+    >>> build_report("runs", all_gaps=True)["runs"][0]["idle_gaps"]     # every gap, in time order
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
-from rnnmon.analysis import summarize
-from rnnmon.reader import open_logdir, read_runs
+from rnnmon.analysis import gap_list, summarize
+from rnnmon.reader import read_logdir
 
 VERDICT_TEXT = {
     "input-bound": "input-bound: the step waits for the input pipeline",
@@ -20,13 +25,24 @@ VERDICT_TEXT = {
 }
 
 
-def build_report(logdir: str) -> dict[str, Any]:
-    """{"runs": [summary, ...]} for every rnnmon run under `logdir`, sorted by run name."""
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
+    """{"runs": [summary, ...]} for every rnnmon run under `logdir`, sorted by run name.
+
+    A summary lists the longest idle gaps; with `all_gaps` its `idle_gaps` holds every gap, in time order.
+    """
     if not os.path.isdir(logdir):
         raise FileNotFoundError(f"no such log directory: {logdir}")
-    provider, ctx = open_logdir(logdir)
-    runs = read_runs(provider, ctx)
-    summaries = [summarize(runs[name]) for name in sorted(runs)]
+    runs = read_logdir(logdir)
+    summaries = []
+    for name in sorted(runs):
+        summary = summarize(runs[name])
+        if all_gaps:
+            gaps = runs[name].gaps
+            summary["idle_gaps"] = gap_list(gaps[gaps[:, 1].argsort(kind="stable")])
+        summaries.append(summary)
     return {"runs": summaries, "comparison": compare(summaries)}
 
 
@@ -41,18 +57,24 @@ def compare(summaries: list[dict[str, Any]]) -> dict[str, Any] | None:
             "speedup": round(slow["step_ms"]["median"] / fast["step_ms"]["median"], 2)}
 
 
-def render_text(report: dict[str, Any]) -> str:
+def render_text(report: dict[str, Any], all_gaps: bool = False) -> str:
+    """The report for a terminal; with `all_gaps` (a report built with it) every gap gets a line."""
     if not report["runs"]:
         return "No rnnmon data found. Add rnnmon.UtilizationMonitor(log_dir) to model.fit(callbacks=[...])."
-    text = "\n\n".join(_render_run(run) for run in report["runs"])
+    text = "\n\n".join(_render_run(run, all_gaps) for run in report["runs"])
     comparison = report.get("comparison")
     if comparison:
-        text += (f"\n\nSpeedup: {comparison['fastest']} takes a {comparison['speedup']:.1f}x shorter median step "
-                 f"than {comparison['slowest']}.")
+        text += (f"\n\nSpeedup: {_clean(comparison['fastest'])} takes a {comparison['speedup']:.1f}x shorter median "
+                 f"step than {_clean(comparison['slowest'])}.")
     return text
 
 
-def _render_run(run: dict[str, Any]) -> str:
+def _clean(text: Any) -> str:
+    """`text` with control and bidi characters shown as escapes, so a run name cannot drive the terminal."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), str(text))
+
+
+def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     lines = [f"Run {run['run']}  ({run['backend'] or '?'} backend, {run['status']}, {run['steps']} steps, "
              f"{run['wall_s']:.1f} s)", f"  verdict        {VERDICT_TEXT.get(run['verdict'], run['verdict'])}",
              f"  summary        {run['summary']}"]
@@ -70,11 +92,14 @@ def _render_run(run: dict[str, Any]) -> str:
     for gpu in run["gpus"]:
         lines.append(f"  GPU {gpu['index']}          {gpu['name']}: utilization {_num(gpu['util_mean'], '%')} mean, "
                      f"idle {_pct(gpu['idle_fraction'])} of {gpu['samples']} samples")
-    gaps = sorted(run["idle_gaps"], key=lambda g: -g["duration_s"])
     by_cause = ", ".join(f"{cause} {seconds:.2f} s" for cause, seconds in run["idle_by_cause_s"].items() if seconds)
-    lines.append(f"  idle gaps      {len(gaps)}" + (f" ({by_cause})" if by_cause else ""))
-    for gap in gaps[:3]:
-        lines.append(f"    {gap['duration_s'] * 1e3:8.1f} ms  cause {gap['cause']}")
+    lines.append(f"  idle gaps      {run['idle_gap_count']}" + (f" ({by_cause})" if by_cause else ""))
+    if all_gaps:
+        origin = run["idle_gaps"][0]["start"] if run["idle_gaps"] else 0.0
+        lines += [f"    +{gap['start'] - origin:10.3f} s {gap['duration_s'] * 1e3:10.1f} ms  cause {gap['cause']}"
+                  + ("" if gap["device"] is None else f"  GPU {gap['device']}") for gap in run["idle_gaps"]]
+    else:
+        lines += [f"    {gap['duration_s'] * 1e3:8.1f} ms  cause {gap['cause']}" for gap in run["idle_gaps"][:3]]
     for finding in run["findings"][:5]:
         lines.append(f"  [{finding['severity']}] {finding['code']} at {finding['where']}: {finding['message']}")
         lines.append(f"      fix: {finding['advice']}")
@@ -82,7 +107,7 @@ def _render_run(run: dict[str, Any]) -> str:
         lines.append(f"  alert {alert.get('rule')}: {alert.get('message', '')}")
     for error in run["errors"]:
         lines.append(f"  error reading {error}")
-    return "\n".join(lines)
+    return "\n".join(_clean(line) for line in lines)
 
 
 def _ms(value: float | None) -> str:

@@ -40,7 +40,6 @@ from .timeline import build_timeline
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 LIVE_WINDOW_S = 30.0  # a running run whose last write is older than this is shown as stalled
 DEFAULT_POINTS, MAX_POINTS = 1000, 20000
-SUMMARY_GAPS = 20  # the longest idle gaps listed in /summary (all of them are in /timeline)
 CACHE_RUNS = 8
 SAVE_HEADER, SAVE_HEADER_VALUE = "X-Rnnmon-Request", "save"  # a cross-site form post cannot set a header
 MAX_BODY_BYTES = 16 * 1024  # a thresholds document is under 2 KiB
@@ -154,11 +153,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         return build_timeline(self._read(ctx, experiment, run), start, end, points)
 
     def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
-        """`rnnmon.analysis.summarize` for `run`, with the verdict in words and the longest gaps only."""
-        summary = summarize(self._read(ctx, experiment, run))
-        gaps = summary["idle_gaps"]
-        summary["idle_gap_count"] = len(gaps)
-        summary["idle_gaps"] = sorted(gaps, key=lambda gap: -gap["duration_s"])[:SUMMARY_GAPS]
+        """`rnnmon.analysis.summarize` for `run`, with the verdict in words."""
+        summary = summarize(self._read(ctx, experiment, run))  # idle_gaps: the longest 20; idle_gap_count: all
         summary["verdict_text"] = VERDICT_TEXT.get(summary["verdict"], summary["verdict"])
         summary["name"] = _display_name(run)
         return summary

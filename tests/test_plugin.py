@@ -207,7 +207,7 @@ def test_summary_is_summarize_output(client, logdir):
     for key in ("verdict", "steps", "input_wait_fraction", "host_gap_fraction", "step_ms", "findings", "alerts"):
         assert body[key] == json.loads(json.dumps(expected[key])), key
     assert body["gpus"][0]["idle_fraction"] > 0.2
-    assert body["idle_gap_count"] == len(expected["idle_gaps"])
+    assert body["idle_gap_count"] == expected["idle_gap_count"] >= len(body["idle_gaps"])
     assert body["verdict_text"].startswith(body["verdict"].split("-")[0])
     assert body["name"] == "gpu_fit"
 

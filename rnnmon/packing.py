@@ -1,0 +1,213 @@
+"""rnnmon's compact tables (summary format version 2): a chunk of rows packed into one bytes value.
+
+Version 1 stored every table as float64 `[rows, columns]`: 56 bytes per step. Version 2 packs a chunk into a
+little-endian blob, stored as a scalar `DT_STRING` tensor:
+
+    header  (24 bytes): magic b"rnm2", layout id (uint8), 3 pad bytes, rows (uint32), exceptions (uint32),
+                        anchor (float64, Unix seconds)
+    rows    rows × the layout's row size
+    exceptions (steps only) exceptions × 8 float64: (row, step, epoch, begin, end, input_wait_ms, host_gap_ms,
+                        batches), the whole v1 row for each step the compact row cannot carry
+
+Times are integer microseconds from the anchor, durations integer microseconds. A steps row is 12 bytes
+(duration, input wait, host gap: int32 µs, input wait −1 when not measured); the step number, epoch, batches,
+begin and end follow from the previous row (begin = previous end + host gap). A row where that does not hold
+(each chunk's first step, a new fit or epoch, a different batch count) is an exception. Other tables have no
+exceptions: a chunk that does not fit its layout (a time beyond ±35 minutes of the anchor, a non-integer
+utilization) is written as a version-1 float64 table instead, and readers take both.
+
+Decoding allocates only in proportion to the blob's own length, after checking that length against the
+header, so a damaged or hostile record cannot claim more memory than it occupies.
+
+Example:
+    >>> blob = encode(STEPS_TAG, rows)            # None when the chunk must stay float64
+    >>> decode(STEPS_TAG, blob)                   # float64 [rows, 7], as version 1 stored it
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from rnnmon import metadata as md
+
+MAGIC = b"rnm2"
+MAX_ROWS = 1 << 16  # rows in one chunk; the writer splits larger chunks
+_HEAD = struct.Struct("<4sB3xIId")
+_I32 = 2**31 - 1
+_US = 1e6
+
+
+class FormatError(ValueError):
+    """A chunk that does not decode: wrong size, wrong layout, impossible values."""
+
+
+# Per layout: its id and, per output column, how it is stored: "t" int32 µs from the anchor, "d" int32 µs after
+# the layout's "t" column, "u1"/"i1" small integers, "f4"/"f2" floats.
+_LAYOUTS: dict[str, tuple[int, dict[str, str]]] = {
+    md.GAPS_TAG: (2, {"device": "i1", "start": "t", "end": "d", "cause": "u1"}),
+    md.UTIL_TAG_PREFIX: (3, {"time": "t", "util_pct": "u1"}),
+    md.STATS_TAG_PREFIX: (4, {"time": "t", "memory_used_mib": "f4", "memory_total_mib": "f4", "power_w": "f4",
+                              "sm_clock_mhz": "f4", "temperature_c": "f2", "pcie_rx_mib_s": "f4",
+                              "pcie_tx_mib_s": "f4", "clocks_event_reasons": "f4", "sm_activity_pct": "f2",
+                              "sm_occupancy_pct": "f2", "tensor_util_pct": "f2", "dram_bw_util_pct": "f2"}),
+    md.HOST_TAG: (5, {"time": "t", "cpu_pct": "f4"}),
+}
+_STEPS_LAYOUT = 1
+_STEP_ROW = np.dtype([("duration_us", "<i4"), ("input_wait_us", "<i4"), ("host_gap_us", "<i4")])
+_STORAGE = {"t": "<i4", "d": "<i4", "u1": "u1", "i1": "i1", "f4": "<f4", "f2": "<f2"}
+_INT_RANGE = {"u1": (0, 255), "i1": (-128, 127)}
+
+
+def _layout(tag: str) -> tuple[int, dict[str, str]] | None:
+    for key, layout in _LAYOUTS.items():
+        if tag == key or (key.endswith("gpu") and tag.startswith(key)):
+            return layout
+    return None
+
+
+def _row_dtype(fields: dict[str, str]) -> np.dtype:
+    return np.dtype([(name, _STORAGE[code]) for name, code in fields.items()])
+
+
+def packable(tag: str) -> bool:
+    """Whether version 2 has a compact layout for `tag` (phases and documents stay as they were)."""
+    return tag == md.STEPS_TAG or _layout(tag) is not None
+
+
+def encode(tag: str, rows: np.ndarray) -> bytes | None:
+    """The chunk `rows` (float64, v1 columns) packed for `tag`, or None when it must stay a float64 table."""
+    rows = np.asarray(rows, dtype=np.float64)
+    if rows.ndim != 2 or not 0 < len(rows) <= MAX_ROWS:
+        return None
+    if tag == md.STEPS_TAG:
+        return _encode_steps(rows)
+    layout = _layout(tag)
+    if layout is None or rows.shape[1] != len(layout[1]):
+        return None
+    layout_id, fields = layout
+    names = list(fields)
+    time_column = rows[:, names.index(next(n for n, c in fields.items() if c == "t"))]
+    if not np.isfinite(time_column).all():
+        return None
+    anchor = float(time_column.min())
+    out = np.zeros(len(rows), dtype=_row_dtype(fields))
+    time_us = np.rint((time_column - anchor) * _US)
+    for i, (name, code) in enumerate(fields.items()):
+        column = rows[:, i]
+        if code == "t":
+            stored = time_us
+        elif code == "d":
+            stored = np.rint((column - anchor) * _US) - time_us
+        elif code in _INT_RANGE:
+            lo, hi = _INT_RANGE[code]
+            if not (np.isfinite(column).all() and (column == np.rint(column)).all()
+                    and column.min() >= lo and column.max() <= hi):
+                return None
+            stored = column
+        else:
+            stored = column.astype(_STORAGE[code])
+            if (np.isfinite(column) & ~np.isfinite(stored)).any():  # too large for the float type
+                return None
+        if code in ("t", "d") and not (np.isfinite(stored).all() and stored.min() >= 0 and stored.max() <= _I32):
+            return None
+        out[name] = stored
+    return _HEAD.pack(MAGIC, layout_id, len(rows), 0, anchor) + out.tobytes()
+
+
+def decode(tag: str, blob: bytes) -> np.ndarray:
+    """float64 `[rows, columns]` (v1 columns) from a packed chunk of `tag`; FormatError when it is not one."""
+    if len(blob) < _HEAD.size:
+        raise FormatError(f"packed chunk of {len(blob)} bytes is shorter than its header")
+    magic, layout_id, rows, exceptions, anchor = _HEAD.unpack_from(blob)
+    if magic != MAGIC:
+        raise FormatError("packed chunk without the rnm2 magic")
+    if rows > MAX_ROWS or exceptions > rows or not np.isfinite(anchor):
+        raise FormatError(f"packed chunk header claims {rows} rows, {exceptions} exceptions, anchor {anchor}")
+    if tag == md.STEPS_TAG:
+        if layout_id != _STEPS_LAYOUT:
+            raise FormatError(f"layout {layout_id} where steps (1) belong")
+        return _decode_steps(blob, rows, exceptions, anchor)
+    layout = _layout(tag)
+    if layout is None or layout[0] != layout_id:
+        raise FormatError(f"layout {layout_id} does not belong to {tag}")
+    dtype = _row_dtype(layout[1])
+    if exceptions or len(blob) != _HEAD.size + rows * dtype.itemsize:
+        raise FormatError(f"packed chunk of {len(blob)} bytes does not hold {rows} rows of {dtype.itemsize}")
+    packed = np.frombuffer(blob, dtype=dtype, offset=_HEAD.size, count=rows)
+    out = np.empty((rows, len(layout[1])))
+    time_us = None
+    for i, (name, code) in enumerate(layout[1].items()):
+        if code == "t":
+            time_us = packed[name].astype(np.float64)
+            out[:, i] = anchor + time_us / _US
+    for i, (name, code) in enumerate(layout[1].items()):
+        if code == "d":
+            out[:, i] = anchor + (time_us + packed[name]) / _US
+        elif code != "t":
+            out[:, i] = packed[name]
+    return out
+
+
+def _encode_steps(rows: np.ndarray) -> bytes | None:
+    if rows.shape[1] != len(md.STEP_COLUMNS):
+        return None
+    step, epoch, begin, end, wait_ms, gap_ms, batches = rows.T
+    if not (np.isfinite(begin).all() and np.isfinite(end).all()):
+        return None
+    anchor = float(begin[0])
+    begin_us, end_us = np.rint((begin - anchor) * _US), np.rint((end - anchor) * _US)
+    duration = end_us - begin_us
+    gap = np.r_[0.0, begin_us[1:] - end_us[:-1]]
+    wait = np.where(np.isnan(wait_ms), -1.0, np.rint(wait_ms * 1e3))
+    regular = np.r_[False, (epoch[1:] == epoch[:-1]) & (batches[1:] == batches[:-1])
+                    & (step[1:] == step[:-1] + batches[1:])]
+    regular &= np.abs(gap_ms * 1e3 - gap) <= 1.0  # NaN (a fit's first step) is never regular
+    regular &= (duration >= 0) & (duration <= _I32) & (gap >= 0) & (gap <= _I32) & (wait >= -1) & (wait < _I32)
+    regular &= (wait_ms == wait_ms) | (wait == -1)
+    compact = np.zeros(len(rows), dtype=_STEP_ROW)
+    compact["duration_us"] = np.where(regular, duration, 0)
+    compact["input_wait_us"] = np.where(regular, wait, 0)
+    compact["host_gap_us"] = np.where(regular, gap, 0)
+    irregular = np.flatnonzero(~regular)
+    exceptions = np.column_stack([irregular, rows[irregular]]).astype("<f8")
+    return (_HEAD.pack(MAGIC, _STEPS_LAYOUT, len(rows), len(irregular), anchor) + compact.tobytes()
+            + exceptions.tobytes())
+
+
+def _decode_steps(blob: bytes, rows: int, exceptions: int, anchor: float) -> np.ndarray:
+    width = len(md.STEP_COLUMNS)
+    if len(blob) != _HEAD.size + rows * _STEP_ROW.itemsize + exceptions * 8 * (width + 1):
+        raise FormatError(f"packed steps chunk of {len(blob)} bytes does not hold {rows} rows and "
+                          f"{exceptions} exceptions")
+    if rows == 0:
+        return np.empty((0, width))
+    compact = np.frombuffer(blob, dtype=_STEP_ROW, offset=_HEAD.size, count=rows)
+    extra = np.frombuffer(blob, dtype="<f8", offset=_HEAD.size + rows * _STEP_ROW.itemsize,
+                          count=exceptions * (width + 1)).reshape(exceptions, width + 1)
+    at = extra[:, 0]
+    if not exceptions or at[0] != 0 or not (np.diff(at) > 0).all() or at[-1] >= rows or (at != np.rint(at)).any():
+        raise FormatError("packed steps chunk whose exception rows are not increasing row numbers from 0")
+    at = at.astype(np.int64)
+    whole = extra[:, 1:]
+    if not (np.isfinite(whole[:, [0, 1, 2, 3, 6]]).all()):
+        raise FormatError("packed steps chunk with a non-finite step, epoch, time or batch count")
+    segment = np.cumsum(np.isin(np.arange(rows), at)) - 1  # the exception each row follows
+    duration = compact["duration_us"].astype(np.int64)
+    gap = compact["host_gap_us"].astype(np.int64)
+    since = np.cumsum(np.where(segment >= 0, gap + duration, 0))
+    since -= since[at][segment]  # µs from the segment's exception's end to this row's end
+    out = np.empty((rows, width))
+    base = whole[segment]
+    offset_in_segment = np.arange(rows) - at[segment]
+    out[:, 0] = base[:, 0] + offset_in_segment * base[:, 6]
+    out[:, 1] = base[:, 1]
+    out[:, 3] = base[:, 3] + since / _US
+    out[:, 2] = out[:, 3] - duration / _US
+    wait = compact["input_wait_us"]
+    out[:, 4] = np.where(wait < 0, np.nan, wait / 1e3)
+    out[:, 5] = gap / 1e3
+    out[:, 6] = base[:, 6]
+    out[at] = whole
+    return out
