@@ -69,6 +69,8 @@ _GAP_CAUSES = {  # cause → (what the idle time overlapped, advice)
     "host": ("on host work between steps",
              "Move per-step Python work (callbacks, logging, metrics) out of the loop or raise steps_per_execution."),
     "eval": ("during validation", "Validate less often (validation_freq) or with a larger batch size."),
+    "sync": ("while another GPU computed",
+             "The replicas wait for the slowest at every all-reduce: see DEVICE_IMBALANCE in the report."),
     "other": ("outside training steps",
               "Look for work between epochs: checkpointing, callbacks, reshuffling or re-reading the dataset."),
 }

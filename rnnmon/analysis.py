@@ -21,6 +21,7 @@ import numpy as np
 from rnnmon import metadata as md
 from rnnmon.diagnosis import measured_findings, summary_line
 from rnnmon.findings import Finding, sort_findings
+from rnnmon.imbalance import device_imbalance
 from rnnmon.reader import RunData
 
 INPUT_BOUND_SHARE = 0.20  # the profiler's "highly input-bound"
@@ -74,7 +75,8 @@ def summarize(run: RunData) -> dict[str, Any]:
     }
     summary["verdict"] = verdict(len(steps), np.nansum(wait) if measured else 0.0, gap.sum(), step_total)
     recorded = [Finding(**f) for f in run.findings if isinstance(f, dict) and set(f) == set(Finding.__annotations__)]
-    summary["findings"] = [f.to_dict() for f in sort_findings(recorded + measured_findings(summary))]
+    dynamic = measured_findings(summary) + device_imbalance(summary)
+    summary["findings"] = [f.to_dict() for f in sort_findings(recorded + dynamic)]
     summary["summary"] = summary_line(summary)
     return summary
 
@@ -112,6 +114,7 @@ def _gpu(run: RunData, index: int) -> dict[str, Any]:
         "util_mean": _round(float(util.mean())) if len(util) else None,
         "idle_fraction": _round(float((util <= idle_pct).mean())) if len(util) else None,
         "samples": len(util),
+        "idle_by_cause_s": _idle_by_cause(run.gaps[run.gaps[:, 0] == index]),
         "memory_used_max_mib": _column_stat(stats, "memory_used_mib", np.nanmax),
         "memory_total_mib": _column_stat(stats, "memory_total_mib", np.nanmax),
         "power_mean_w": _column_stat(stats, "power_w", np.nanmean),

@@ -135,3 +135,46 @@ class StepGapDetector:
         if opened is None or opened[1] - opened[0] < self.min_gap_s:
             return []
         return [(opened[0], opened[1], phases.blame(*opened))]
+
+
+class DeviceBusy:
+    """When each GPU worked (sample `i` above `idle_pct` covers the time since sample `i-1`), for cross-GPU blame.
+
+    A gap on one GPU during which another GPU of the process computed is a wait for that replica (the all-reduce
+    of `MirroredStrategy`), not for input: `blame_sync` says so.
+
+    Example:
+        >>> busy = DeviceBusy(idle_pct=5.0)
+        >>> busy.add(0, [(10.0, 90.0), (10.2, 90.0), (10.4, 90.0)])
+        >>> busy.blame_sync(1, (10.0, 10.4, "input"))
+        (10.0, 10.4, 'sync')
+    """
+
+    def __init__(self, idle_pct: float) -> None:
+        self.idle_pct = idle_pct
+        self._last: dict[int, float] = {}
+        self._busy: dict[int, list[tuple[float, float]]] = {}
+
+    def add(self, device: int, samples: Iterable[tuple[float, float]]) -> None:
+        rows = self._busy.setdefault(device, [])
+        for time, pct in sorted(samples):
+            previous = self._last.get(device)
+            if previous is not None and time > previous and pct > self.idle_pct:
+                rows.append((previous, time))
+            self._last[device] = max(time, previous if previous is not None else time)
+
+    def blame_sync(self, device: int, gap: Gap) -> Gap:
+        """`gap` with cause "sync" when other GPUs computed during at least half of it; else unchanged."""
+        start, end, _ = gap
+        spans = sorted((max(s, start), min(e, end)) for other, rows in self._busy.items() if other != device
+                       for s, e in rows if e > start and s < end)
+        covered, reach = 0.0, start
+        for s, e in spans:
+            if e > reach:
+                covered += e - max(s, reach)
+                reach = e
+        return (start, end, "sync") if end > start and covered >= 0.5 * (end - start) else gap
+
+    def forget_before(self, time: float) -> None:
+        for device, rows in self._busy.items():
+            self._busy[device] = [row for row in rows if row[1] >= time]

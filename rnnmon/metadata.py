@@ -40,7 +40,7 @@ STAT_COLUMNS = ("time", "memory_used_mib", "memory_total_mib", "power_w", "sm_cl
                 "sm_occupancy_pct", "tensor_util_pct", "dram_bw_util_pct")
 HOST_COLUMNS = ("time", "cpu_pct")
 GAP_COLUMNS = ("device", "start", "end", "cause")
-GAP_CAUSES = ("input", "host", "eval", "other")
+GAP_CAUSES = ("input", "host", "eval", "other", "sync")  # sync: another GPU of the process computed
 STEP_DEVICE = -1  # the `device` of a gap derived from step phases (no GPU)
 
 _COLUMNS = {STEPS_TAG: STEP_COLUMNS, PHASES_TAG: PHASE_COLUMNS, HOST_TAG: HOST_COLUMNS, GAPS_TAG: GAP_COLUMNS}

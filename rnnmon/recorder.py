@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rnnmon import metadata as md
-from rnnmon.gaps import Gap, GpuGapDetector, PhaseIntervals, StepGapDetector
+from rnnmon.gaps import DeviceBusy, Gap, GpuGapDetector, PhaseIntervals, StepGapDetector
 from rnnmon.sampler import Sampler
 from rnnmon.writer import SummaryWriter
 
@@ -45,6 +45,7 @@ class Recorder:
         self._device_info = {d["index"]: d for d in devices}
         self._gpu_detectors = {d["index"]: GpuGapDetector(idle_pct) for d in devices}
         self._step_detector = None if devices else StepGapDetector(min_gap_s)
+        self._busy = DeviceBusy(idle_pct) if len(devices) > 1 else None
         self._idle_pct = idle_pct
         self._on_chunk = on_chunk
         self._lock = threading.Lock()
@@ -86,11 +87,15 @@ class Recorder:
     def _find_gaps(self, util: dict[int, list[tuple[float, float]]], horizon: float,
                    final: bool) -> list[tuple[int, Gap]]:
         found: list[tuple[int, Gap]] = []
+        busy = self._busy
+        if busy is not None:
+            for index, samples in util.items():
+                busy.add(index, samples)
         for index, detector in self._gpu_detectors.items():
             gaps = detector.feed(util.get(index, []), float("inf") if final else horizon, self._intervals)
             if final:
                 gaps += detector.finish(self._intervals)
-            found.extend((index, gap) for gap in gaps)
+            found.extend((index, busy.blame_sync(index, gap) if busy else gap) for gap in gaps)
         if self._step_detector is not None:
             gaps = (self._step_detector.finish if final else self._step_detector.feed)(self._intervals)
             found.extend((md.STEP_DEVICE, gap) for gap in gaps)
@@ -98,6 +103,8 @@ class Recorder:
         known = [m for m in marks if m is not None]
         if known:
             self._intervals.forget_before(min(known) - _KEEP_S)
+            if busy is not None:
+                busy.forget_before(min(known) - _KEEP_S)
         return found
 
     def _write(self, chunk: dict[str, Any]) -> None:

@@ -90,8 +90,10 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     if not run["gpus"]:
         lines.append("  GPUs           none seen by NVML (CPU-only); gaps below come from step phases")
     for gpu in run["gpus"]:
+        sync_s = gpu["idle_by_cause_s"].get("sync")
         lines.append(f"  GPU {gpu['index']}          {gpu['name']}: utilization {_num(gpu['util_mean'], '%')} mean, "
-                     f"idle {_pct(gpu['idle_fraction'])} of {gpu['samples']} samples")
+                     f"idle {_pct(gpu['idle_fraction'])} of {gpu['samples']} samples"
+                     + (f", {sync_s:.2f} s waiting for other GPUs" if sync_s else ""))
     by_cause = ", ".join(f"{cause} {seconds:.2f} s" for cause, seconds in run["idle_by_cause_s"].items() if seconds)
     lines.append(f"  idle gaps      {run['idle_gap_count']}" + (f" ({by_cause})" if by_cause else ""))
     if all_gaps:

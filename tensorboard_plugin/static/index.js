@@ -25,6 +25,7 @@ const CAUSES = {
   host: {label: "host / Python", color: "rgba(139, 92, 246, 0.45)"},
   eval: {label: "validation", color: "rgba(20, 184, 166, 0.45)"},
   other: {label: "unexplained", color: "rgba(100, 116, 139, 0.45)"},
+  sync: {label: "waiting for another GPU", color: "rgba(225, 29, 72, 0.45)"},
 };
 const PHASES = {
   eval: {label: "validation phase", color: "rgba(20, 184, 166, 0.10)"},

@@ -1,0 +1,57 @@
+"""`DEVICE_IMBALANCE`: one GPU of a process idles far more than the others (`MirroredStrategy`, `DataParallel`).
+
+The replicas of synchronous data-parallel training meet at every all-reduce, so the GPU that idles most is the
+one that waits: the others (or one of them) are slower or have more work. The finding names the idle GPU, the
+numbers of every GPU, and how much of its idle time rnnmon blamed on waiting for the others (cause "sync").
+
+Example:
+    >>> [f.code for f in device_imbalance(summarize(run))]     # rnnmon.analysis calls this
+    ['DEVICE_IMBALANCE']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rnnmon.findings import Finding
+
+IDLE_SPREAD = 0.20  # idle share of samples above the other GPUs' mean
+UTIL_SPREAD_PCT = 20.0  # mean utilization below the other GPUs' mean, in points
+
+
+def device_imbalance(summary: dict[str, Any]) -> list[Finding]:
+    """A finding for the GPU whose idle share or utilization is far from the other GPUs', if any."""
+    gpus = [g for g in summary["gpus"] if g["util_mean"] is not None and g["idle_fraction"] is not None]
+    if len(gpus) < 2 or summary["verdict"] == "insufficient-data":
+        return []
+
+    def spread(gpu: dict[str, Any]) -> tuple[float, float]:
+        others = [g for g in gpus if g is not gpu]
+        idle = gpu["idle_fraction"] - sum(g["idle_fraction"] for g in others) / len(others)
+        util = sum(g["util_mean"] for g in others) / len(others) - gpu["util_mean"]
+        return idle, util
+
+    worst = max(gpus, key=lambda g: spread(g)[0] + spread(g)[1] / 100)
+    idle, util = spread(worst)
+    if idle < IDLE_SPREAD and util < UTIL_SPREAD_PCT:
+        return []
+    others = [g for g in gpus if g is not worst]
+    sync_s = sum(gap["duration_s"] for gap in summary["idle_gaps"]
+                 if gap["device"] == worst["index"] and gap["cause"] == "sync")
+    numbers = ", ".join(f"GPU {g['index']} idle {_pct(g['idle_fraction'])} (utilization {g['util_mean']:.0f}%)"
+                        for g in gpus)
+    busier = ", ".join(f"GPU {g['index']}" for g in others)
+    message = (f"GPU {worst['index']} idles {100 * idle:.0f} points more than the other GPUs: {numbers}. "
+               f"Replicas meet at every all-reduce, so GPU {worst['index']} waits for {busier}: "
+               f"{sync_s:.1f} s of its idle time fell while another GPU computed (cause sync).")
+    one = len(others) == 1
+    advice = (f"Find out why {busier} {'takes' if one else 'take'} longer per step: another process on "
+              f"{'it' if one else 'them'} (`nvidia-smi`), throttling "
+              "(clocks, temperature, power), a slower link (`nvidia-smi topo -m`), or an uneven split (make the "
+              "global batch divisible by the number of replicas). If a GPU is not one the model trains on, "
+              "pass `devices=[...]` so rnnmon watches only those.")
+    return [Finding("DEVICE_IMBALANCE", "warning", f"GPU {worst['index']}", message, advice)]
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.0f}%"

@@ -1,0 +1,59 @@
+"""Several GPUs in one process: MirroredStrategy over two logical CPUs, watched through a fake NVML of two GPUs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import read_run
+
+from rnnmon.analysis import summarize
+from rnnmon.report import build_report, render_text
+
+WORKER = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import numpy as np, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras, rnnmon
+    from conftest import stalled_dataset
+    from fake_nvml import FakeGpu, FakeNvmlLib, installed
+
+    # GPU 0 computes throughout; GPU 1 finishes its share early and idles half of every 0.4 s.
+    busy = FakeGpu(utilization=90.0, pids=[os.getpid()])
+    waiting = FakeGpu(utilization=lambda t: 0.0 if t % 0.4 < 0.2 else 90.0, pids=[os.getpid()])
+    with installed(FakeNvmlLib([busy, waiting], sample_period_s=0.05)):
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1)])
+            model.compile(optimizer="adam", loss="mse")
+        monitor = rnnmon.UtilizationMonitor(sys.argv[1], devices=[0, 1], audit=False, sample_interval_s=0.1,
+                                            flush_secs=0.5)
+        model.fit(stalled_dataset(150, 0.012), epochs=1, verbose=0, callbacks=[monitor])
+""")
+
+
+def test_mirrored_strategy_gets_a_row_per_gpu_and_the_idle_one_is_flagged(tmp_path):
+    tests = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path), tests], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = read_run(str(tmp_path))
+    assert sorted(run.util) == [0, 1] and len(run.steps) == 150
+
+    from tensorboard_plugin.timeline import build_timeline
+
+    assert [gpu["index"] for gpu in build_timeline(run, None, None, 1000)["gpus"]] == [0, 1]
+    summary = summarize(run)
+    gpu0, gpu1 = summary["gpus"]
+    assert gpu0["idle_fraction"] < 0.1 and 0.3 < gpu1["idle_fraction"] < 0.7, summary["gpus"]
+    assert gpu1["idle_by_cause_s"]["sync"] > 0.5 * sum(gpu1["idle_by_cause_s"].values()), gpu1
+    assert gpu1["idle_by_cause_s"]["input"] == 0  # GPU 0 computed meanwhile: a wait for the replica, not input
+    imbalance = [f for f in summary["findings"] if f["code"] == "DEVICE_IMBALANCE"]
+    assert len(imbalance) == 1 and imbalance[0]["where"] == "GPU 1", summary["findings"]
+    assert "GPU 0 idle 0%" in imbalance[0]["message"] and "waits for GPU 0" in imbalance[0]["message"]
+    text = render_text(build_report(str(tmp_path)))
+    assert "  GPU 0 " in text and "  GPU 1 " in text and "waiting for other GPUs" in text
