@@ -69,6 +69,11 @@ class Alerting:
     def thresholds(self) -> Thresholds:
         return self._engine.thresholds
 
+    @property
+    def firing(self) -> list[str]:
+        """The rules firing now, once per firing device."""
+        return [event.rule for event in self._engine.active]
+
     def on_chunk(self, chunk: dict) -> None:
         self._reload(now=max((row[3] for row in chunk["steps"]), default=None))
         self._deliver(self._engine.update(chunk))

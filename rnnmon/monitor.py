@@ -36,6 +36,7 @@ from rnnmon.nvml import Nvml
 from rnnmon.pipeline_audit import audit_pipeline
 from rnnmon.placement_audit import audit_placement
 from rnnmon.profiling import ProfileCapture
+from rnnmon.prometheus import PrometheusExporter
 from rnnmon.recorder import Recorder
 from rnnmon.rnn_audit import audit_rnn_layers
 from rnnmon.sampler import Sampler
@@ -80,6 +81,11 @@ class UtilizationMonitor(keras.callbacks.Callback):
         watch_thresholds: Follow the thresholds file saved by the tab. Defaults to `True`.
         audit: Check the model's RNN layers, the input pipeline and device placement at the start and record
             the findings. Defaults to `True`.
+        prometheus_port: Serve Prometheus metrics on this port (0 picks a free one and logs it); see
+            docs/prometheus.md. Needs `prometheus_client`. A port in use logs one error and training goes on
+            unexported. Defaults to `None` (off).
+        prometheus_addr: The address the endpoint binds to. Defaults to `"127.0.0.1"` (this machine only).
+        prometheus_job: The `job` label of every series. Defaults to `"rnnmon"`.
 
     Put it first in the callbacks list: callbacks after it then count as host gap, not as step time.
 
@@ -95,7 +101,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
                  thresholds: Thresholds | dict[str, Any] | None = None,
                  on_alert: Callable[[AlertEvent], None] | None = None,
                  stop_on_alert: bool | Sequence[str] = False, profile_steps_on_alert: int = 0,
-                 watch_thresholds: bool = True, audit: bool = True) -> None:
+                 watch_thresholds: bool = True, audit: bool = True, prometheus_port: int | None = None,
+                 prometheus_addr: str = "127.0.0.1", prometheus_job: str = "rnnmon") -> None:
         super().__init__()
         _require(0.05 <= sample_interval_s <= 60, "sample_interval_s", sample_interval_s, "between 0.05 and 60")
         _require(0 < flush_secs <= 5, "flush_secs", flush_secs, "in (0, 5]")
@@ -104,6 +111,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if not (devices in ("auto", "all") or (not isinstance(devices, str)
                                                 and all(isinstance(i, int) for i in devices))):
             raise ValueError(f"devices must be 'auto', 'all' or a list of NVML indices. Received: devices={devices!r}")
+        _require(prometheus_port is None or (isinstance(prometheus_port, int) and 0 <= prometheus_port < 65536),
+                 "prometheus_port", prometheus_port, "None or a port number in [0, 65535]")
         self.log_dir = log_dir
         self.run_dir = os.path.join(log_dir, md.RUN_SUBDIR)
         self.devices = devices
@@ -124,6 +133,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self.profile_steps_on_alert = profile_steps_on_alert
         self.watch_thresholds = watch_thresholds
         self.audit = audit
+        self._exporter = None if prometheus_port is None else PrometheusExporter(job=prometheus_job, worker="0")
+        self.prometheus_port = self._exporter.serve(prometheus_port, prometheus_addr) if self._exporter else None
         self._nvml = Nvml()
         self._active = False
         self._global_step = 0
@@ -164,7 +175,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
                                   wall_offset_s=self._wall_offset, on_alert=self.on_alert, on_fire=self._on_fire,
                                   on_change=self._on_thresholds_change, watch_file=self.watch_thresholds)
         self._recorder = Recorder(self._writer, sampler, self._wall_offset, idle_pct=self.idle_pct,
-                                  min_gap_s=self.min_gap_s, on_chunk=self._alerting.on_chunk)
+                                  min_gap_s=self.min_gap_s, on_chunk=self._on_chunk)
+        if self._exporter is not None and sampler is not None:
+            self._exporter.add_devices(d["index"] for d in sampler.describe())
         self._input_timing = self._install_input_timing()
         self._run_info = self._describe_run(sampler)
         self._writer.json(md.RUN_TAG, self._run_info)
@@ -233,6 +246,11 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def _on_error(self, error: BaseException) -> None:
         self._finish("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
 
+    def _on_chunk(self, chunk: dict[str, Any]) -> None:
+        self._alerting.on_chunk(chunk)
+        if self._exporter is not None:
+            self._exporter.on_chunk(chunk, firing=self._alerting.firing)
+
     def _close_phase(self, now: float) -> None:
         if self._open_phase is not None:
             kind, start = self._open_phase
@@ -261,6 +279,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
                 self._sampler.poll()
             self._recorder.flush(horizon=math.inf, final=True)
             self._alerting.finish(self._clock())
+            if self._exporter is not None:
+                self._exporter.fit_ended()
             self._profile.close()
             self._run_info.update(status=status, end=time.time(), steps=self._global_step)
             self._writer.json(md.RUN_TAG, self._run_info)
