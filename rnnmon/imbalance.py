@@ -36,8 +36,7 @@ def device_imbalance(summary: dict[str, Any]) -> list[Finding]:
     if idle < IDLE_SPREAD and util < UTIL_SPREAD_PCT:
         return []
     others = [g for g in gpus if g is not worst]
-    sync_s = sum(gap["duration_s"] for gap in summary["idle_gaps"]
-                 if gap["device"] == worst["index"] and gap["cause"] == "sync")
+    sync_s = worst.get("idle_by_cause_s", {}).get("sync", 0.0)
     numbers = ", ".join(f"GPU {g['index']} idle {_pct(g['idle_fraction'])} (utilization {g['util_mean']:.0f}%)"
                         for g in gpus)
     busier = ", ".join(f"GPU {g['index']}" for g in others)
