@@ -62,7 +62,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "host_gap_fraction": _ratio(gap.sum(), wall),
         "eval_fraction": _ratio(phase_s["eval"], wall),
         "epoch_end_fraction": _ratio(phase_s["epoch_end"], wall),
-        "gpus": [_gpu(run, index) for index in sorted(run.util)],
+        "gpus": [_gpu(run, index) for index in sorted(set(run.util) | set(run.stats))],
         "idle_gap_count": len(run.gaps),
         "idle_gaps": longest_gaps(run.gaps, LONGEST_GAPS),
         "idle_by_cause_s": _idle_by_cause(run.gaps),
@@ -104,13 +104,14 @@ def verdict(steps: int, wait_s: float, gap_s: float, step_total_s: float) -> str
 
 
 def _gpu(run: RunData, index: int) -> dict[str, Any]:
-    util = run.util[index][:, 1]
+    util = run.util.get(index, np.empty((0, len(md.UTIL_COLUMNS))))[:, 1]
     stats = run.stats.get(index, np.empty((0, len(md.STAT_COLUMNS))))
     idle_pct = float(run.info.get("idle_pct", 5.0))
     device = run.devices.get(index, {})
     return {
         "index": index,
         "name": device.get("name", f"GPU {index}"),
+        "utilization": device.get("utilization", "nvml"),  # or "gpm", "not reported on MIG", ...
         "util_mean": _round(float(util.mean())) if len(util) else None,
         "idle_fraction": _round(float((util <= idle_pct).mean())) if len(util) else None,
         "samples": len(util),

@@ -23,7 +23,7 @@ import keras
 from rnnmon import metadata as md
 from rnnmon.alerting import Alerting
 from rnnmon.alerts import AlertEvent
-from rnnmon.devices import framework_gpu_count, process_on_devices, select_devices
+from rnnmon.devices import backend_gpu_count, model_cuda_ordinals, nvml_inventory, process_on_devices, select_devices
 from rnnmon.exits import ExitGuard
 from rnnmon.findings import Finding, sort_findings
 from rnnmon.input_timing import (
@@ -59,7 +59,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
 
     Args:
         log_dir: The run's log directory; rnnmon writes to its `rnnmon` subdirectory.
-        devices: "auto" (the GPUs this process uses), "all", or a list of NVML indices. Defaults to "auto".
+        devices: "auto" (the GPUs the model computes on, found through CUDA's device UUIDs; a MIG device is
+            watched as itself), "all", or a list of NVML indices. Defaults to "auto".
         sample_interval_s: Seconds between NVML polls. Defaults to `0.5`.
         flush_secs: Seconds between writes to disk, at most 5. Defaults to `2.0`.
         idle_pct: Utilization at or below which the GPU counts as idle. Defaults to `5.0`.
@@ -136,6 +137,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._exporter = None if prometheus_port is None else PrometheusExporter(job=prometheus_job, worker="0")
         self.prometheus_port = self._exporter.serve(prometheus_port, prometheus_addr) if self._exporter else None
         self._nvml = Nvml()
+        self._sampler: Sampler | None = None
         self._active = False
         self._global_step = 0
         self._exits = ExitGuard(self._finish)
@@ -150,6 +152,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             LOG.error("rnnmon: monitoring is off for this fit: %s: %s", type(error).__name__, error)
             if self.model is not None:
                 unwrap_train_function(self.model)
+            if self._sampler is not None:
+                self._sampler.close()  # frees its GPM samples
             self._nvml.shutdown()
 
     def _start(self) -> None:
@@ -165,10 +169,11 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._warming_up = True
         self._per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
 
-        self._nvml.start()
-        sampler = Sampler(self._nvml, select_devices(self._nvml, self.devices), self._clock) \
-            if self._nvml.available else None
-        self._sampler = sampler
+        self._sampler = sampler = None
+        if self._nvml.start():
+            ordinals = model_cuda_ordinals(self.model, keras.backend.backend())
+            self._sampler = sampler = Sampler(
+                self._nvml, select_devices(self._nvml, self.devices, model_ordinals=ordinals), self._clock)
         self._writer = SummaryWriter(self.run_dir)
         self._profile = ProfileCapture(self.run_dir, self.profile_steps_on_alert)
         self._alerting = Alerting(self.thresholds, log_dir=self.log_dir, writer=self._writer,
@@ -329,11 +334,12 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def _audit_setup(self) -> None:
         """RNN layers and device placement, checked once per fit before the first step."""
         findings = audit_rnn_layers(self.model)
-        framework = framework_gpu_count()
+        backend = keras.backend.backend()
+        framework = backend_gpu_count(backend)
         if self._nvml.available and framework is not None:
-            nvml_count = self._nvml.query("nvmlDeviceGetCount", label="device count") or 0
-            indices = [d["index"] for d in self._sampler.describe()] if self._sampler else []
-            findings += audit_placement(nvml_count, framework, process_on_devices(self._nvml, indices))
+            nvml_count = len([t for t in nvml_inventory(self._nvml) if t.mig is None])  # GPUs we may query
+            targets = [d.target for d in self._sampler.devices] if self._sampler else []
+            findings += audit_placement(nvml_count, framework, process_on_devices(self._nvml, targets), backend)
         self._report_findings(findings)
 
     def _audit_pipeline(self, iterator: Any) -> None:

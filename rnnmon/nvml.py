@@ -1,7 +1,9 @@
-"""The one place rnnmon talks to NVML: every call goes through `Nvml.query`.
+"""The one place rnnmon talks to NVML: every call goes through `Nvml.query` (or `Nvml.query_code`).
 
 Failures never raise. An unsupported or missing function, or a lost GPU, becomes `None` (recorded as NA,
-never as 0) and is logged once. Without the NVML library rnnmon announces CPU-only mode in one log line.
+never as 0) and is logged once. A call that does not answer within `deadline_s` is abandoned on its own
+thread with one warning, and that metric is NA from then on: a hung driver call never stalls polling.
+Without the NVML library rnnmon announces CPU-only mode in one log line.
 
 Example:
     >>> nvml = Nvml()
@@ -14,22 +16,69 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 LOG = logging.getLogger("rnnmon")
 
-# NVML return codes that mean "this device is gone": stop asking it.
+# NVML return codes (nvml.h nvmlReturn_t).
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+FUNCTION_NOT_FOUND = 13
 _GPU_LOST_CODES = frozenset({15, 16})  # NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED
+DEFAULT_DEADLINE_S = 2.0  # NVML calls take µs to ~20 ms (PCIe throughput); seconds means the driver hangs
+
+
+class _Call:
+    """One NVML call handed to the caller thread; `done` is set when it has answered."""
+
+    def __init__(self, function: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> None:
+        self.function, self.args, self.kwargs = function, args, kwargs
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _Caller:
+    """A daemon thread that runs NVML calls in order; abandoned (and left to finish alone) when one hangs."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="rnnmon-nvml", daemon=True).start()
+
+    def submit(self, call: _Call) -> None:
+        self._calls.put(call)
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            try:
+                call.result = call.function(*call.args, **call.kwargs)
+            except BaseException as error:  # handed back to the waiting thread
+                call.error = error
+            call.done.set()
+
+
+class _Overran(Exception):
+    pass
 
 
 class Nvml:
-    """Lazily started NVML session whose queries answer `None` instead of raising."""
+    """Lazily started NVML session whose queries answer `None` instead of raising or hanging."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
         self._pynvml: Any = None
         self._lock = threading.Lock()
+        self._caller_lock = threading.Lock()
+        self._caller: _Caller | None = None
+        self.deadline_s = deadline_s
         self._warned: set[tuple[str, int | None]] = set()
+        self._hung: set[tuple[str, int | None]] = set()
         self.lost: set[int] = set()  # device indices that answered GPU_IS_LOST
 
     @property
@@ -57,6 +106,10 @@ class Nvml:
             return True
 
     def shutdown(self) -> None:
+        with self._caller_lock:
+            if self._caller is not None:
+                self._caller.stop()
+                self._caller = None
         with self._lock:
             if self._pynvml is None:
                 return
@@ -71,16 +124,42 @@ class Nvml:
               quiet: dict[int, Any] | None = None, **kwargs: Any) -> Any:
         """Call `pynvml.<function>(*args, **kwargs)`; answer `None` (and warn once per label and device) on
         failure. `quiet` maps NVML return codes that are expected to the answer they stand for."""
-        if self._pynvml is None or device in self.lost:
-            return None
+        return self.query_code(function, *args, label=label, device=device, quiet=quiet, **kwargs)[0]
+
+    def query_code(self, function: str, *args: Any, label: str | None = None, device: int | None = None,
+                   quiet: dict[int, Any] | None = None, **kwargs: Any) -> tuple[Any, int | None]:
+        """`query`, plus the NVML return code of a failure (None on success, or when there is no code)."""
+        key = (label or function, device)
+        if self._pynvml is None or device in self.lost or key in self._hung:
+            return None, None
         try:
-            return getattr(self._pynvml, function)(*args, **kwargs)
+            return self._call(getattr(self._pynvml, function), args, kwargs), None
+        except _Overran:
+            self._hung.add(key)
+            LOG.warning("rnnmon: %s did not answer within %.1f s%s (%s); it is recorded as NA from now on.",
+                        key[0], self.deadline_s, "" if device is None else f" on GPU {device}", function)
+            return None, None
         except Exception as error:  # NVML faults must never reach training
             code = getattr(error, "value", None)
             if quiet and code in quiet:
-                return quiet[code]
-            self._note_failure(function, label or function, device, error)
-            return None
+                return quiet[code], code
+            self._note_failure(function, key[0], device, error)
+            return None, code
+
+    def _call(self, function: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        call = _Call(function, args, kwargs)
+        with self._caller_lock:
+            caller = self._caller = self._caller or _Caller()
+        caller.submit(call)
+        if not call.done.wait(self.deadline_s):
+            with self._caller_lock:  # leave the hung thread behind; the next call gets a fresh one
+                if self._caller is caller:
+                    self._caller = None
+            caller.stop()
+            raise _Overran
+        if call.error is not None:
+            raise call.error
+        return call.result
 
     def _note_failure(self, function: str, label: str, device: int | None, error: Exception) -> None:
         code = getattr(error, "value", None)

@@ -43,9 +43,11 @@ class Recorder:
         self._intervals = PhaseIntervals()
         devices = sampler.describe() if sampler else []
         self._device_info = {d["index"]: d for d in devices}
-        self._gpu_detectors = {d["index"]: GpuGapDetector(idle_pct) for d in devices}
-        self._step_detector = None if devices else StepGapDetector(min_gap_s)
-        self._busy = DeviceBusy(idle_pct) if len(devices) > 1 else None
+        # A device without utilization (MIG without GPM) cannot show its own gaps: step phases stand in.
+        measured = [d for d in devices if d.get("utilization", "nvml") in ("nvml", "gpm")]
+        self._gpu_detectors = {d["index"]: GpuGapDetector(idle_pct) for d in measured}
+        self._step_detector = None if measured and len(measured) == len(devices) else StepGapDetector(min_gap_s)
+        self._busy = DeviceBusy(idle_pct) if len(measured) > 1 else None
         self._idle_pct = idle_pct
         self._on_chunk = on_chunk
         self._lock = threading.Lock()

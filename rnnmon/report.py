@@ -90,9 +90,8 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     if not run["gpus"]:
         lines.append("  GPUs           none seen by NVML (CPU-only); gaps below come from step phases")
     for gpu in run["gpus"]:
-        sync_s = gpu["idle_by_cause_s"].get("sync")
-        lines.append(f"  GPU {gpu['index']}          {gpu['name']}: utilization {_num(gpu['util_mean'], '%')} mean, "
-                     f"idle {_pct(gpu['idle_fraction'])} of {gpu['samples']} samples"
+        sync_s = gpu.get("idle_by_cause_s", {}).get("sync")
+        lines.append(f"  GPU {gpu['index']}          {gpu['name']}: {_utilization(gpu)}"
                      + (f", {sync_s:.2f} s waiting for other GPUs" if sync_s else ""))
     by_cause = ", ".join(f"{cause} {seconds:.2f} s" for cause, seconds in run["idle_by_cause_s"].items() if seconds)
     lines.append(f"  idle gaps      {run['idle_gap_count']}" + (f" ({by_cause})" if by_cause else ""))
@@ -110,6 +109,15 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     for error in run["errors"]:
         lines.append(f"  error reading {error}")
     return "\n".join(_clean(line) for line in lines)
+
+
+def _utilization(gpu: dict[str, Any]) -> str:
+    source = gpu.get("utilization", "nvml")
+    if source not in ("nvml", "gpm"):  # MIG without GPM: NVML has no utilization for it
+        return f"utilization {source}; gaps below come from step phases"
+    what = "SM activity (GPM, in place of utilization)" if source == "gpm" else "utilization"
+    return (f"{what} {_num(gpu['util_mean'], '%')} mean, idle {_pct(gpu['idle_fraction'])} of "
+            f"{gpu['samples']} samples")
 
 
 def _ms(value: float | None) -> str:

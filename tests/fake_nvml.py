@@ -77,6 +77,30 @@ class FakeGpu:
     dram_bw_util_pct: Value | None = 50.0
     pids: list[int] = field(default_factory=list)  # compute processes on this GPU
     process_used_mib: int = 1024  # used GPU memory reported for each of `pids`
+    process_query_error: int | None = None  # e.g. NVML_ERROR_NO_PERMISSION: the process list fails
+    no_permission: bool = False  # counted by GetCount, but its handle answers NO_PERMISSION (cgroup)
+    utilization_supported: bool = True  # False: GetSamples/GetUtilizationRates answer NOT_SUPPORTED
+    # Cumulative PCIe bytes as functions of host time (field values 197/198); None integrates the KB/s rates.
+    pcie_tx_total_bytes: Callable[[float], float] | None = None
+    pcie_rx_total_bytes: Callable[[float], float] | None = None
+    # MIG instances: non-empty means MIG mode is on, and then utilization is not supported on the GPU.
+    mig: list[FakeMig] = field(default_factory=list)
+
+
+@dataclass
+class FakeMig:
+    """A MIG device (one GPU instance with one compute instance) inside a FakeGpu."""
+
+    uuid: str = ""  # FakeNvmlLib fills in "MIG-<gpu>-<slot>..." when empty
+    gpu_instance_id: int = 1
+    compute_instance_id: int = 0
+    name: str = "NVIDIA H200 MIG 1g.18gb"
+    memory_total_mib: int = 16384
+    memory_used_mib: Value = 512
+    sm_util_pct: Value | None = 70.0  # per-instance GPM (nvmlGpmMigSampleGet)
+    sm_occupancy_pct: Value | None = 35.0
+    tensor_util_pct: Value | None = 20.0
+    dram_bw_util_pct: Value | None = 40.0
 
 
 class ManualClock:
@@ -95,8 +119,13 @@ class ManualClock:
 @dataclass
 class _GpmSample:
     buffer: pynvml.struct_c_nvmlGpmSample_t
-    gpu: FakeGpu | None = None  # set by nvmlGpmSampleGet
+    gpu: FakeGpu | FakeMig | None = None  # set by nvmlGpmSampleGet / nvmlGpmMigSampleGet
     time: float = 0.0
+
+
+def bare_uuid(uuid: str) -> str:
+    """The UUID as CUDA's cuDeviceGetUuid_v2 gives it: hex groups without the GPU-/MIG- prefix."""
+    return uuid.split("-", 1)[1] if uuid.startswith(("GPU-", "MIG-")) else uuid
 
 
 def _at(value: Value, t: float) -> float:
@@ -125,14 +154,31 @@ def _put_str(buffer: ctypes.Array, size: ctypes.c_uint, text: str) -> int:
 
 
 def _device_function(impl: Callable[..., int]) -> Callable[..., int]:
-    """Marks a C function whose first argument is a device handle; the impl gets its FakeGpu instead."""
+    """Marks a C function whose first argument is a GPU handle; the impl gets its FakeGpu instead.
+
+    On a MIG device handle such a function answers NOT_SUPPORTED."""
 
     @functools.wraps(impl)
     def resolved(self: FakeNvmlLib, now: float, handle: object, *args: object) -> int:
-        index = self._handle_index.get(_address(handle))
-        if index is None:
+        owner = self._handle_owner.get(_address(handle))
+        if owner is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        return impl(self, now, self.gpus[index], *args)
+        if isinstance(owner, FakeMig):
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        return impl(self, now, owner, *args)
+
+    return resolved
+
+
+def _any_device_function(impl: Callable[..., int]) -> Callable[..., int]:
+    """Marks a C function that takes a GPU or a MIG device handle; the impl gets its FakeGpu or FakeMig."""
+
+    @functools.wraps(impl)
+    def resolved(self: FakeNvmlLib, now: float, handle: object, *args: object) -> int:
+        owner = self._handle_owner.get(_address(handle))
+        if owner is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        return impl(self, now, owner, *args)
 
     return resolved
 
@@ -145,6 +191,13 @@ class FakeNvmlLib:
     if named in `unsupported`. Names in `missing` are absent (checked when pynvml first looks them
     up, as it caches function pointers). `gpus`, `lost_after` and `unsupported` may be changed while
     installed. `calls` counts C calls: pynvml's two-call wrappers count twice.
+
+    Hard cases: `failing` makes the named C functions answer that error code; `latency_s` makes them
+    take that long (outside the lib's lock, so a "hanging" call does not block the others);
+    `dry_below_pct` leaves out of the sample buffer every sample at or below that utilization (products
+    whose buffer runs dry while idle); `step_clock()` moves the timestamp epoch (an NTP step);
+    FakeGpu.mig, .no_permission and .process_query_error script MIG, cgroup-restricted GPUs and
+    unprivileged process queries.
     """
 
     def __init__(
@@ -158,10 +211,15 @@ class FakeNvmlLib:
         unsupported: frozenset[str] | set[str] = frozenset(),
         missing: frozenset[str] | set[str] = frozenset(),
         lost_after: float | None = None,
+        latency_s: dict[str, float] | None = None,
+        failing: dict[str, int] | None = None,
+        dry_below_pct: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         for index, gpu in enumerate(gpus):
             gpu.uuid = gpu.uuid or f"GPU-{index:08x}-0000-4000-8000-000000000000"
+            for slot, mig in enumerate(gpu.mig):
+                mig.uuid = mig.uuid or f"MIG-{index:08x}-{slot:04x}-5000-8000-000000000000"
         self.gpus = gpus
         self.driver_version = driver_version
         self.sample_period_us = round(sample_period_s * 1e6)
@@ -173,12 +231,32 @@ class FakeNvmlLib:
         self.unsupported = unsupported
         self.missing = missing
         self.lost_after = lost_after
+        self.latency_s = dict(latency_s or {})
+        self.failing = dict(failing or {})  # C function name -> nvmlReturn_t it answers (e.g. UNKNOWN)
+        self.dry_below_pct = dry_below_pct
         self.calls: collections.Counter[str] = collections.Counter()
         self.init_count = 0
         self._lock = threading.Lock()
         self._handles = [pynvml.struct_c_nvmlDevice_t() for _ in gpus]
-        self._handle_index = {ctypes.addressof(h): i for i, h in enumerate(self._handles)}
+        self._mig_handles = {(i, k): pynvml.struct_c_nvmlDevice_t() for i, g in enumerate(gpus) for k in
+                             range(len(g.mig))}
+        self._handle_owner: dict[int, FakeGpu | FakeMig] = {ctypes.addressof(h): g for h, g in
+                                                             zip(self._handles, gpus)}
+        self._handle_owner.update({ctypes.addressof(h): gpus[i].mig[k] for (i, k), h in self._mig_handles.items()})
         self._gpm_samples: dict[int, _GpmSample] = {}
+        self._pcie_totals: dict[tuple[int, int], tuple[float, float]] = {}  # (gpu id, field) -> (time, bytes)
+
+    def step_clock(self, seconds: float) -> None:
+        """Moves the NVML timestamp epoch by `seconds` (negative: the clock steps back), as an NTP step does."""
+        self.timestamp_offset_us += round(seconds * 1e6)
+
+    @property
+    def gpm_samples_allocated(self) -> int:
+        """GPM samples allocated and not yet freed."""
+        return len(self._gpm_samples)
+
+    def _parent_of(self, mig: FakeMig) -> tuple[int, FakeGpu]:
+        return next((i, g) for i, g in enumerate(self.gpus) if any(m is mig for m in g.mig))
 
     def timestamp_of(self, host_time: float) -> int:
         """The opaque NVML timestamp (µs) for a host `clock()` time."""
@@ -194,6 +272,8 @@ class FakeNvmlLib:
         return functools.partial(self._call, name)
 
     def _call(self, name: str, *args: object) -> int:
+        if self.latency_s.get(name):
+            time.sleep(self.latency_s[name])
         with self._lock:
             self.calls[name] += 1
             now = self.clock()
@@ -203,6 +283,8 @@ class FakeNvmlLib:
                 return pynvml.NVML_ERROR_GPU_IS_LOST
             if name in self.unsupported:
                 return pynvml.NVML_ERROR_NOT_SUPPORTED
+            if name in self.failing:
+                return self.failing[name]
             return getattr(self, "_" + name)(now, *args)
 
     def _sample_stamps(self, now: float, last_seen: int) -> list[int]:
@@ -214,6 +296,23 @@ class FakeNvmlLib:
 
     def _utilization_sample(self, gpu: FakeGpu, timestamp_us: int) -> int:
         return round(_at(gpu.utilization, self.host_time_of(timestamp_us)))
+
+    def _in_buffer(self, gpu: FakeGpu, timestamp_us: int) -> bool:
+        return self.dry_below_pct is None or self._utilization_sample(gpu, timestamp_us) > self.dry_below_pct
+
+    def _pcie_total(self, gpu: FakeGpu, field_id: int, now: float) -> float:
+        """Cumulative bytes: the scripted counter, or the KB/s rate integrated on a 1 ms grid."""
+        tx = field_id == pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+        counter = gpu.pcie_tx_total_bytes if tx else gpu.pcie_rx_total_bytes
+        if counter is not None:
+            return counter(now)
+        rate = gpu.pcie_tx_kbps if tx else gpu.pcie_rx_kbps
+        last_time, total = self._pcie_totals.get((id(gpu), field_id), (now, 0.0))
+        if now > last_time:
+            points = max(1, int((now - last_time) * 1000))
+            total += _mean(rate, last_time, now, points) * 1024 * (now - last_time)
+        self._pcie_totals[(id(gpu), field_id)] = (now, total)
+        return total
 
     # --- C functions: `_<C name>(now, *C arguments as pynvml passes them) -> nvmlReturn_t` ---
 
@@ -235,27 +334,84 @@ class FakeNvmlLib:
     def _nvmlDeviceGetHandleByIndex_v2(self, now: float, index: ctypes.c_uint, device_ref: object) -> int:
         if index.value >= len(self.gpus):
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if self.gpus[index.value].no_permission:
+            return pynvml.NVML_ERROR_NO_PERMISSION
         _deref(device_ref).contents = self._handles[index.value]
         return pynvml.NVML_SUCCESS
 
     def _nvmlDeviceGetHandleByUUID(self, now: float, uuid: ctypes.c_char_p, device_ref: object) -> int:
-        for gpu, handle in zip(self.gpus, self._handles):
-            if gpu.uuid.encode() == uuid.value:
-                _deref(device_ref).contents = handle
+        """Exact full UUIDs only, GPU or MIG, as the real call (no short prefixes)."""
+        for address, owner in self._handle_owner.items():
+            if owner.uuid.encode() == uuid.value:
+                if isinstance(owner, FakeGpu) and owner.no_permission:
+                    return pynvml.NVML_ERROR_NO_PERMISSION
+                _deref(device_ref).contents = next(h for h in [*self._handles, *self._mig_handles.values()]
+                                                   if ctypes.addressof(h) == address)
                 return pynvml.NVML_SUCCESS
         return pynvml.NVML_ERROR_NOT_FOUND
 
-    @_device_function
-    def _nvmlDeviceGetName(self, now: float, gpu: FakeGpu, buffer: ctypes.Array, size: ctypes.c_uint) -> int:
+    @_any_device_function
+    def _nvmlDeviceGetName(self, now: float, gpu: FakeGpu | FakeMig, buffer: ctypes.Array,
+                           size: ctypes.c_uint) -> int:
         return _put_str(buffer, size, gpu.name)
 
-    @_device_function
-    def _nvmlDeviceGetUUID(self, now: float, gpu: FakeGpu, buffer: ctypes.Array, size: ctypes.c_uint) -> int:
+    @_any_device_function
+    def _nvmlDeviceGetUUID(self, now: float, gpu: FakeGpu | FakeMig, buffer: ctypes.Array,
+                           size: ctypes.c_uint) -> int:
         return _put_str(buffer, size, gpu.uuid)
 
+    @_any_device_function
+    def _nvmlDeviceGetIndex(self, now: float, gpu: FakeGpu | FakeMig, index_ref: object) -> int:
+        """A MIG handle answers its index inside the parent GPU, as the real call does."""
+        if isinstance(gpu, FakeMig):
+            _deref(index_ref).value = self._parent_of(gpu)[1].mig.index(gpu)
+        else:
+            _deref(index_ref).value = next(i for i, g in enumerate(self.gpus) if g is gpu)
+        return pynvml.NVML_SUCCESS
+
     @_device_function
-    def _nvmlDeviceGetIndex(self, now: float, gpu: FakeGpu, index_ref: object) -> int:
-        _deref(index_ref).value = next(i for i, g in enumerate(self.gpus) if g is gpu)
+    def _nvmlDeviceGetMigMode(self, now: float, gpu: FakeGpu, current_ref: object, pending_ref: object) -> int:
+        _deref(current_ref).value = _deref(pending_ref).value = int(bool(gpu.mig))
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetMaxMigDeviceCount(self, now: float, gpu: FakeGpu, count_ref: object) -> int:
+        _deref(count_ref).value = 7 if gpu.mig else 0
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetMigDeviceHandleByIndex(self, now: float, gpu: FakeGpu, index: ctypes.c_uint,
+                                             device_ref: object) -> int:
+        if index.value >= len(gpu.mig):
+            return pynvml.NVML_ERROR_NOT_FOUND
+        _deref(device_ref).contents = self._mig_handles[(self.gpus.index(gpu), index.value)]
+        return pynvml.NVML_SUCCESS
+
+    @_any_device_function
+    def _nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, now: float, mig: FakeGpu | FakeMig,
+                                                      device_ref: object) -> int:
+        if not isinstance(mig, FakeMig):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _deref(device_ref).contents = self._handles[self._parent_of(mig)[0]]
+        return pynvml.NVML_SUCCESS
+
+    @_any_device_function
+    def _nvmlDeviceIsMigDeviceHandle(self, now: float, gpu: FakeGpu | FakeMig, is_mig_ref: object) -> int:
+        _deref(is_mig_ref).value = int(isinstance(gpu, FakeMig))
+        return pynvml.NVML_SUCCESS
+
+    @_any_device_function
+    def _nvmlDeviceGetGpuInstanceId(self, now: float, mig: FakeGpu | FakeMig, id_ref: object) -> int:
+        if not isinstance(mig, FakeMig):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _deref(id_ref).value = mig.gpu_instance_id
+        return pynvml.NVML_SUCCESS
+
+    @_any_device_function
+    def _nvmlDeviceGetComputeInstanceId(self, now: float, mig: FakeGpu | FakeMig, id_ref: object) -> int:
+        if not isinstance(mig, FakeMig):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _deref(id_ref).value = mig.compute_instance_id
         return pynvml.NVML_SUCCESS
 
     @_device_function
@@ -270,9 +426,9 @@ class FakeNvmlLib:
         samples: ctypes.Array | None,
     ) -> int:
         """First call (samples NULL) sizes, second fills; both answer NOT_FOUND when nothing is new."""
-        if sampling_type.value != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
+        if sampling_type.value != pynvml.NVML_GPU_UTILIZATION_SAMPLES or gpu.mig or not gpu.utilization_supported:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
-        stamps = self._sample_stamps(now, last_seen.value)
+        stamps = [s for s in self._sample_stamps(now, last_seen.value) if self._in_buffer(gpu, s)]
         if not stamps:
             return pynvml.NVML_ERROR_NOT_FOUND
         _deref(value_type_ref).value = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
@@ -287,15 +443,21 @@ class FakeNvmlLib:
 
     @_device_function
     def _nvmlDeviceGetUtilizationRates(self, now: float, gpu: FakeGpu, util_ref: object) -> int:
+        if gpu.mig or not gpu.utilization_supported:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
         util = _deref(util_ref)
         newest_stamp = self.timestamp_of(now) // self.sample_period_us * self.sample_period_us
         util.gpu = self._utilization_sample(gpu, newest_stamp)
         util.memory = round(_at(gpu.memory_utilization, now))
         return pynvml.NVML_SUCCESS
 
-    @_device_function
-    def _nvmlDeviceGetMemoryInfo(self, now: float, gpu: FakeGpu, memory_ref: object) -> int:
+    @_any_device_function
+    def _nvmlDeviceGetMemoryInfo(self, now: float, gpu: FakeGpu | FakeMig, memory_ref: object) -> int:
         memory = _deref(memory_ref)
+        if isinstance(gpu, FakeMig):
+            memory.total, memory.used = gpu.memory_total_mib * MIB, round(_at(gpu.memory_used_mib, now)) * MIB
+            memory.free = memory.total - memory.used
+            return pynvml.NVML_SUCCESS
         used_mib = round(_at(gpu.memory_used_mib, now)) + gpu.memory_reserved_mib
         memory.total, memory.used = gpu.memory_total_mib * MIB, used_mib * MIB
         memory.free = memory.total - memory.used
@@ -348,13 +510,30 @@ class FakeNvmlLib:
     def _nvmlDeviceGetPcieThroughput(
         self, now: float, gpu: FakeGpu, counter: ctypes.c_uint, kbps_ref: object
     ) -> int:
+        """KB/s over the last 20 ms: a snapshot that misses whatever moved outside that window."""
         rates = {
-            pynvml.NVML_PCIE_UTIL_TX_BYTES: gpu.pcie_tx_kbps,
-            pynvml.NVML_PCIE_UTIL_RX_BYTES: gpu.pcie_rx_kbps,
+            pynvml.NVML_PCIE_UTIL_TX_BYTES: (gpu.pcie_tx_kbps, gpu.pcie_tx_total_bytes),
+            pynvml.NVML_PCIE_UTIL_RX_BYTES: (gpu.pcie_rx_kbps, gpu.pcie_rx_total_bytes),
         }
         if counter.value not in rates:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        _deref(kbps_ref).value = round(_at(rates[counter.value], now))
+        rate, total = rates[counter.value]
+        kbps = (total(now) - total(now - 0.02)) / 0.02 / 1024 if total is not None else _at(rate, now)
+        _deref(kbps_ref).value = round(kbps)
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlDeviceGetFieldValues(self, now: float, gpu: FakeGpu, count: ctypes.c_int32, values_ref: object) -> int:
+        """Field values 197/198 (cumulative PCIe TX/RX bytes); other fields answer NOT_SUPPORTED per field."""
+        counters = (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
+        for value in _deref(values_ref)[: count.value]:
+            value.timestamp = self.timestamp_of(now)
+            if value.fieldId in counters:
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.value.ullVal = round(self._pcie_total(gpu, value.fieldId, now))
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return pynvml.NVML_SUCCESS
 
     @_device_function
@@ -363,9 +542,17 @@ class FakeNvmlLib:
         return pynvml.NVML_SUCCESS
 
     @_device_function
+    def _nvmlDeviceGetCurrentClocksThrottleReasons(self, now: float, gpu: FakeGpu, reasons_ref: object) -> int:
+        """The pre-R535 name of GetCurrentClocksEventReasons (same bits)."""
+        _deref(reasons_ref).value = int(_at(gpu.clocks_event_reasons, now))
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
     def _nvmlDeviceGetComputeRunningProcesses_v3(
         self, now: float, gpu: FakeGpu, count_ref: object, infos: ctypes.Array | None
     ) -> int:
+        if gpu.process_query_error is not None:
+            return gpu.process_query_error
         count = _deref(count_ref)
         if count.value < len(gpu.pids):
             count.value = len(gpu.pids)
@@ -403,6 +590,21 @@ class FakeNvmlLib:
         if not gpu.gpm_supported:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
         sample.gpu, sample.time = gpu, now
+        return pynvml.NVML_SUCCESS
+
+    @_device_function
+    def _nvmlGpmMigSampleGet(self, now: float, gpu: FakeGpu, gpu_instance_id: int, pointer: object) -> int:
+        """Per-MIG-instance GPM sample, taken on the parent GPU's handle (as DCGM does)."""
+        sample = self._gpm_samples.get(_address(pointer))
+        if sample is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if not gpu.gpm_supported:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        instance_id = getattr(gpu_instance_id, "value", gpu_instance_id)
+        mig = next((m for m in gpu.mig if m.gpu_instance_id == instance_id), None)
+        if mig is None:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        sample.gpu, sample.time = mig, now
         return pynvml.NVML_SUCCESS
 
     def _nvmlGpmMetricsGet(self, now: float, request_ref: object) -> int:

@@ -95,7 +95,8 @@ def test_samples_keep_driver_resolution_and_calibrate_onto_host_time(tmp_path):
 
 FAILURES = {
     "not_supported": (dict(unsupported={"nvmlDeviceGetPowerUsage"}), "power"),
-    "function_not_found": (dict(missing={"nvmlDeviceGetPcieThroughput"}), "PCIe throughput"),
+    "function_not_found": (dict(missing={"nvmlDeviceGetFieldValues", "nvmlDeviceGetPcieThroughput"}),
+                           "PCIe throughput"),
     "gpu_lost": (dict(lost_after="soon"), "lost"),
 }
 
@@ -141,12 +142,16 @@ def test_device_selection_follows_cuda_visible_devices_and_process_list():
     with installed(FakeNvmlLib(gpus)):
         nvml = Nvml()
         assert nvml.start()
-        assert select_devices(nvml, "all") == [0, 1, 2, 3]
-        assert select_devices(nvml, [2]) == [2]
-        assert select_devices(nvml, "auto", environ={}) == [1, 3]  # where this process runs
-        assert select_devices(nvml, "auto", environ={"CUDA_VISIBLE_DEVICES": "2,0"}) == [2, 0]
+
+        def indices(choice, environ=None):
+            return [t.index for t in select_devices(nvml, choice, environ, cuda=lambda: None)]
+
+        assert indices("all") == [0, 1, 2, 3]
+        assert indices([2]) == [2]
+        assert indices("auto", {}) == [1, 3]  # no GPU seen by the backend: where this process runs
+        assert indices("auto", {"CUDA_VISIBLE_DEVICES": "2,0"}) == [2, 0]
         uuid = gpus[3].uuid
-        assert select_devices(nvml, "auto", environ={"CUDA_VISIBLE_DEVICES": f"{uuid},bogus,1"}) == [3]
+        assert indices("auto", {"CUDA_VISIBLE_DEVICES": f"{uuid},bogus,1"}) == [3]
         with pytest.raises(ValueError, match="no GPU with NVML index"):
             select_devices(nvml, [7])
         nvml.shutdown()
