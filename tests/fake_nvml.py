@@ -309,7 +309,7 @@ class FakeNvmlLib:
         rate = gpu.pcie_tx_kbps if tx else gpu.pcie_rx_kbps
         last_time, total = self._pcie_totals.get((id(gpu), field_id), (now, 0.0))
         if now > last_time:
-            points = max(1, int((now - last_time) * 1000))
+            points = min(5000, max(1, int((now - last_time) * 1000)))
             total += _mean(rate, last_time, now, points) * 1024 * (now - last_time)
         self._pcie_totals[(id(gpu), field_id)] = (now, total)
         return total
