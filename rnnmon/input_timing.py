@@ -20,19 +20,23 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 _ORIGINAL = "__rnnmon_original__"
 
 
 def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
-                        on_error: Callable[[BaseException], None],
+                        on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool],
                         on_iterator: Callable[[Any], None] | None = None) -> None:
     """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit).
 
-    `on_iterator` is called once, with the first iterator the function is given.
+    `on_iterator` is called once, with the first iterator the function is given. Once `live(caller_frame)`
+    is False (its monitor has stopped, or its fit is over) the wrapper passes the call straight through and
+    removes itself.
     """
     import tensorflow as tf
 
@@ -45,6 +49,8 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
     first = [True]
 
     def timed_train_function(iterator: Any) -> Any:
+        if not live(sys._getframe(1)):
+            return _step_aside(model, timed_train_function, original)(iterator)
         if not isinstance(iterator, iterator_types):
             return original(iterator)
         if first[0]:
@@ -92,12 +98,14 @@ def _closure(function: Any) -> dict[str, Any]:
 
 
 def wrap_jax_train_function(model: Any, on_wait: Callable[[float, int], None],
-                            on_error: Callable[[BaseException], None]) -> None:
+                            on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool]) -> None:
     """Replace `model.train_function(state, iterator)` with one that times every `next(iterator)` it makes."""
     unwrap_train_function(model)
     original = model.train_function
 
     def timed_train_function(state: Any, iterator: Any) -> Any:
+        if not live(sys._getframe(1)):
+            return _step_aside(model, timed_train_function, original)(state, iterator)
         timed = _TimedIterator(iterator)
         try:
             result = original(state, timed)
@@ -111,6 +119,13 @@ def wrap_jax_train_function(model: Any, on_wait: Callable[[float, int], None],
 
     setattr(timed_train_function, _ORIGINAL, original)
     model.train_function = timed_train_function
+
+
+def _step_aside(model: Any, wrapper: Callable, original: Callable) -> Callable:
+    """A wrapper whose monitor has stopped puts Keras's function back (if still in place) and returns it."""
+    if model.train_function is wrapper:
+        model.train_function = original
+    return original
 
 
 class _TimedIterator:

@@ -13,9 +13,11 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any, Literal
 
 import keras
@@ -26,6 +28,7 @@ from rnnmon.alerts import AlertEvent
 from rnnmon.devices import backend_gpu_count, model_cuda_ordinals, nvml_inventory, process_on_devices, select_devices
 from rnnmon.exits import ExitGuard
 from rnnmon.findings import Finding, sort_findings
+from rnnmon.fit_scope import FitScope
 from rnnmon.input_timing import (
     peek_first_iterator,
     unwrap_train_function,
@@ -141,11 +144,21 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._active = False
         self._global_step = 0
         self._exits = ExitGuard(self._finish)
+        self._finish_lock = threading.Lock()
+        self._pid = os.getpid()
+        self._scope = FitScope(None, 0)
 
     # --- fit lifecycle ---------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
+        scope = FitScope.find(self.model)
+        twin = next((m for m in _RUNNING if m is not self and m._scope.same_fit(scope)), None)
+        if twin is not None:
+            LOG.error("rnnmon: two UtilizationMonitors in one fit; the first (log_dir=%r) records it, this one "
+                      "(log_dir=%r) is off for this fit. Pass one monitor per fit.", twin.log_dir, self.log_dir)
+            return
         for stale in [m for m in _RUNNING if m is self or m.model is self.model]:
             stale._finish("aborted")  # its fit raised before on_train_end
+        self._scope = scope
         try:
             self._start()
         except Exception as error:  # e.g. an unwritable log_dir: train anyway, unmonitored
@@ -158,6 +171,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
 
     def _start(self) -> None:
         self._clock = time.perf_counter
+        self._pid = os.getpid()
         self._wall_offset = time.time() - self._clock()
         self._epoch = 0
         self._last_end = self._clock()
@@ -248,6 +262,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def _on_wait(self, seconds: float, batches: int) -> None:
         self._wait, self._batches = seconds, batches
 
+    def _is_live(self, caller: FrameType) -> bool:
+        """Whether the train-function wrapper, called from `caller`, still times this monitor's fit."""
+        return self._active and self._scope.running(caller)
+
     def _on_error(self, error: BaseException) -> None:
         self._finish("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
 
@@ -263,6 +281,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._open_phase = None
 
     def _tick(self) -> None:
+        if self._scope.over():  # fit raised past on_train_end (e.g. from a later callback)
+            self._finish("failed")
+            return
         if self._sampler is not None:
             self._sampler.poll()
         if self._clock() - self._last_flush >= self.flush_secs:
@@ -271,10 +292,12 @@ class UtilizationMonitor(keras.callbacks.Callback):
 
     def _finish(self, status: str) -> None:
         """Stop sampling, restore Keras, and get everything to disk; safe to call from any exit path."""
-        if not self._active:
-            return
-        self._active = False
+        with self._finish_lock:
+            if not self._active or os.getpid() != self._pid:
+                return
+            self._active = False
         _RUNNING.discard(self)
+        self._scope.forget()
         self._ticker.stop()
         self._close_phase(self._clock())
         if self.model is not None:
@@ -314,9 +337,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if getattr(self.model, "train_function", None) is None:
             self.model.make_train_function()
         if backend == "jax":
-            wrap_jax_train_function(self.model, self._on_wait, self._on_error)
+            wrap_jax_train_function(self.model, self._on_wait, self._on_error, self._is_live)
         else:
-            wrap_train_function(self.model, self._on_wait, self._on_error,
+            wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live,
                                 self._audit_pipeline if self.audit else None)
         return "measured"
 

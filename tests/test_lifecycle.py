@@ -49,7 +49,6 @@ def test_aborted_fit_then_new_fit_leaves_nothing_behind(tmp_path, same_instance)
     model, first = tiny_model(), UtilizationMonitor(str(tmp_path))
     with pytest.raises(RuntimeError, match="boom"):
         model.fit(stalled_dataset(20), epochs=1, verbose=0, callbacks=[first, FailAt(5)])
-    assert _rnnmon_threads()  # still sampling: nothing told it the fit ended
     second = first if same_instance else UtilizationMonitor(str(tmp_path))
     model.fit(stalled_dataset(10), epochs=1, verbose=0, callbacks=[second])
     assert not _rnnmon_threads()
@@ -128,3 +127,44 @@ def test_unwritable_log_dir_trains_unmonitored_with_one_error(tmp_path, caplog):
     errors = [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelname == "ERROR"]
     assert len(errors) == 1 and "monitoring is off for this fit" in errors[0]
     assert not _rnnmon_threads() and not hasattr(model.train_function, "__rnnmon_original__")
+
+
+class FailAtEpochEnd(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        raise OSError("disk of another callback")
+
+
+def _wait_until(condition, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_exception_in_a_later_callback_ends_monitoring_without_on_train_end(tmp_path):
+    model = tiny_model()
+    with pytest.raises(OSError, match="disk of another callback"):
+        model.fit(stalled_dataset(12), epochs=2, verbose=0,
+                  callbacks=[UtilizationMonitor(str(tmp_path), sample_interval_s=0.1), FailAtEpochEnd()])
+    # A later fit without rnnmon, at once: the wrapper sees it is not its fit, steps aside and removes itself.
+    model.fit(stalled_dataset(4), epochs=1, verbose=0)
+    assert not hasattr(model.train_function, "__rnnmon_original__")
+    assert _wait_until(lambda: not _rnnmon_threads())  # the sampler noticed the fit is over
+    run = read_run(str(tmp_path))
+    assert run.info["status"] == "failed" and len(run.steps) == 12
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_second_monitor_in_one_fit_is_refused_with_one_error(tmp_path, caplog):
+    first, second = UtilizationMonitor(str(tmp_path / "a")), UtilizationMonitor(str(tmp_path / "b"))
+    model = tiny_model()
+    model.fit(stalled_dataset(10), epochs=1, verbose=0, callbacks=[first, second])
+    errors = [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelname == "ERROR"]
+    assert len(errors) == 1 and "two UtilizationMonitors in one fit" in errors[0]
+    assert repr(str(tmp_path / "b")) in errors[0]
+    run = read_run(str(tmp_path / "a"))
+    assert run.info["status"] == "finished" and len(run.steps) == 10
+    assert not (tmp_path / "b").exists()
+    model.fit(stalled_dataset(10), epochs=1, verbose=0, callbacks=[second])  # alone, the second one records
+    assert read_run(str(tmp_path / "b")).info["status"] == "finished"
