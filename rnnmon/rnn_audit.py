@@ -1,11 +1,19 @@
-"""Static check of a Keras model: which LSTM/GRU layers miss the cuDNN kernel on TensorFlow, and why.
+"""Static check of a Keras model: which LSTM/GRU layers miss the cuDNN kernel on the active backend, and why.
 
-Mirrors Keras 3's TensorFlow-backend rules (keras/src/layers/rnn/lstm.py, gru.py and
-keras/src/backend/tensorflow/rnn.py): the fused cuDNN kernel runs only when `use_cudnn` is "auto" or True,
-`recurrent_dropout == 0`, `activation` is the tanh function object and `recurrent_activation` the sigmoid one
-(keras.activations, keras.ops or tf), `unroll=False`, `use_bias=True` and, for GRU, `reset_after=True`.
-A generic `layers.RNN(layers.LSTMCell(...))` never uses it. Input dropout, `go_backwards` and `stateful` are
-fine. A masked input keeps the kernel but must be right-padded (RNN_MASK_RIGHT_PADDING, info).
+Whether a fast kernel exists at all depends on the Keras backend and version (`CUDNN_RULES`, each rule naming
+the Keras code path it mirrors): TensorFlow has cuDNN LSTM and GRU in every Keras 3; JAX has none through
+3.13, from 3.14 a cuDNN LSTM (`jax.experimental.rnn`) that never takes a mask, and a `lax.scan` GRU; torch
+has a cuDNN LSTM from 3.10 and GRU from 3.14, and from 3.14 any mask falls back to the generic loop.
+Where no fast kernel exists for a layer on that backend the finding says so and names a backend that has
+one (the layer arguments cannot help there).
+
+Where one exists, Keras's shared rules apply (keras/src/layers/rnn/lstm.py and gru.py `inner_loop`, and each
+backend's `cudnn_ok`): `use_cudnn` is "auto" or True, `recurrent_dropout == 0`, `activation` is the tanh
+function object and `recurrent_activation` the sigmoid one (keras.activations, keras.ops, or the backend's
+own), `unroll=False`, `use_bias=True` and, for GRU, `reset_after=True`. A generic
+`layers.RNN(layers.LSTMCell(...))` never uses it. Input dropout, `go_backwards` and `stateful` are fine. A
+masked input keeps the TensorFlow kernel if right-padded (RNN_MASK_RIGHT_PADDING, info); on backends whose
+fast path takes no mask, the mask itself is the blocker.
 
 Layers are found through nested models, `Bidirectional` (forward and backward checked separately), wrappers
 such as `TimeDistributed`, and custom layers; `where` is the slash path of layer names.
@@ -28,17 +36,76 @@ from rnnmon.findings import Finding
 
 
 @dataclasses.dataclass(frozen=True)
+class KernelRule:
+    """What one backend does for one RNN layer class from one Keras version on."""
+
+    backend: str  # keras.backend.backend()
+    layer: str  # "LSTM" or "GRU"
+    since: tuple[int, int]  # first Keras (major, minor) this rule holds for
+    kernel: bool  # whether a cuDNN kernel exists at all
+    mask: str  # with a mask: "right-padded" (kernel runs on right-padded masks), "none" (never with a mask)
+    source: str  # the Keras code path this rule mirrors
+
+
+CUDNN_RULES: tuple[KernelRule, ...] = (
+    KernelRule("tensorflow", "LSTM", (3, 0), True, "right-padded",
+               "keras/src/backend/tensorflow/rnn.py lstm(): cudnn_ok() then _cudnn_lstm(), mask checked by "
+               "_is_sequence_right_padded()"),
+    KernelRule("tensorflow", "GRU", (3, 0), True, "right-padded",
+               "keras/src/backend/tensorflow/rnn.py gru(): cudnn_ok() then _cudnn_gru()"),
+    KernelRule("jax", "LSTM", (3, 0), False, "none",
+               "keras/src/backend/jax/rnn.py lstm() raises NotImplementedError (no cuDNN through Keras 3.13)"),
+    KernelRule("jax", "LSTM", (3, 14), True, "none",
+               "keras/src/backend/jax/rnn.py lstm(): `if mask is not None: raise NotImplementedError`, then "
+               "cudnn_ok() and jax.experimental.rnn.lstm"),
+    KernelRule("jax", "GRU", (3, 0), False, "none",
+               "keras/src/backend/jax/rnn.py gru(): a lax.scan step loop, no cuDNN GRU in jax.experimental.rnn"),
+    KernelRule("torch", "LSTM", (3, 0), False, "none",
+               "keras/src/backend/torch/rnn.py lstm() raises NotImplementedError (no cuDNN before Keras 3.10)"),
+    KernelRule("torch", "LSTM", (3, 10), True, "right-padded",
+               "keras/src/backend/torch/rnn.py lstm(): cudnn_ok() then torch's cuDNN LSTM"),
+    KernelRule("torch", "LSTM", (3, 14), True, "none",
+               "keras/src/backend/torch/rnn.py lstm(): `if mask is not None: raise NotImplementedError`, then "
+               "cudnn_ok()"),
+    KernelRule("torch", "GRU", (3, 0), False, "none",
+               "keras/src/backend/torch/rnn.py gru() raises NotImplementedError (no cuDNN GRU before Keras 3.14)"),
+    KernelRule("torch", "GRU", (3, 14), True, "none",
+               "keras/src/backend/torch/rnn.py gru(): `if not reset_after or mask is not None: raise "
+               "NotImplementedError`, then cudnn_ok()"),
+)
+_BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "torch"}
+_MASK_ARGUMENT = "a padding mask"
+
+
+def kernel_rule(backend: str, layer: str, keras_version: tuple[int, int]) -> KernelRule | None:
+    """The rule in force for `layer` on `backend` at `keras_version`; None for a backend not in the table."""
+    rules = [r for r in CUDNN_RULES if r.backend == backend and r.layer == layer and r.since <= keras_version]
+    return max(rules, key=lambda r: r.since) if rules else None
+
+
+def _keras_version() -> tuple[int, int]:
+    import keras
+
+    major, minor = (int("".join(c for c in part if c.isdigit()) or 0) for part in keras.__version__.split(".")[:2])
+    return major, minor
+
+
+@dataclasses.dataclass(frozen=True)
 class _Blocker:
     argument: str  # what was found, as constructor argument text: "recurrent_dropout=0.2"
     why: str
     replacement: str  # the argument after the fix; "" means drop it (the default is fine)
 
 
-def audit_rnn_layers(model: Any) -> list[Finding]:
-    """RNN_NO_FAST_KERNEL (listing every reason) for each LSTM/GRU that cannot use cuDNN, and
-    RNN_MASK_RIGHT_PADDING for each one fed a padding mask."""
+def audit_rnn_layers(model: Any, backend: str | None = None,
+                     keras_version: tuple[int, int] | None = None) -> list[Finding]:
+    """RNN_NO_FAST_KERNEL (listing every reason) for each LSTM/GRU that cannot use cuDNN on `backend` (default:
+    the active one) at `keras_version` (default: the installed one), and RNN_MASK_RIGHT_PADDING for each one
+    fed a padding mask whose kernel still runs on right-padded masks."""
     import keras
 
+    backend = backend or keras.backend.backend()
+    version = keras_version or _keras_version()
     findings: list[Finding] = []
     mask_sources = _mask_sources(model)
     for layer, where, masked in _walk(model, "", False, set()):
@@ -46,16 +113,52 @@ def audit_rnn_layers(model: Any) -> list[Finding]:
         if not cells:
             continue
         generic = not isinstance(layer, (keras.layers.LSTM, keras.layers.GRU))
+        rules = {_layer_class(c): kernel_rule(backend, _layer_class(c), version) for c in cells}
+        missing = [name for name, rule in rules.items() if rule is not None and not rule.kernel]
+        if not generic and missing:
+            findings.append(_backend_finding(layer, where, missing[0], backend, version, rules[missing[0]]))
+            continue
         prefixed = len(cells) > 1
         cell_blockers = [
-            b for cell in cells for b in _cell_blockers(cell, f"{cell.name}." if prefixed else "")
+            b for cell in cells for b in _cell_blockers(cell, f"{cell.name}." if prefixed else "", backend)
         ]
         layer_blockers = _layer_blockers(layer)
+        rule = rules[_layer_class(cells[0])]
+        takes_mask = rule is None or rule.mask == "right-padded"
+        if masked and not generic and not takes_mask:
+            layer_blockers.append(_Blocker(
+                _MASK_ARGUMENT, f"the {_BACKEND_NAMES.get(backend, backend)} backend's cuDNN path takes no mask: "
+                f"{rule.source}", ""))
         if generic or cell_blockers or layer_blockers:
             findings.append(_no_kernel_finding(layer, where, cells, layer_blockers, cell_blockers, generic))
-        if masked and not generic:
+        if masked and not generic and takes_mask:
             findings.append(_mask_finding(layer, where, mask_sources))
     return findings
+
+
+def _backend_finding(layer: Any, where: str, layer_class: str, backend: str, version: tuple[int, int],
+                     rule: KernelRule) -> Finding:
+    """No cuDNN kernel for this layer class on this backend at all: name the backends that have one."""
+    name = _BACKEND_NAMES.get(backend, backend)
+    others = []
+    for other in ("tensorflow", "torch", "jax"):
+        if other == backend:
+            continue
+        first = min((r.since for r in CUDNN_RULES if r.backend == other and r.layer == layer_class and r.kernel),
+                    default=None)
+        if first is not None:
+            others.append(_BACKEND_NAMES[other] + ("" if first <= (3, 0) else f" (Keras {first[0]}.{first[1]}+)"))
+    message = (
+        f"'{layer.name}' ({type(layer).__name__}) has no cuDNN kernel on the {name} backend in Keras "
+        f"{version[0]}.{version[1]} ({rule.source}): it runs the step-by-step loop, typically several times "
+        f"slower on a GPU, whatever its arguments. {' and '.join(others) or 'No other backend'} run {layer_class} "
+        "on cuDNN."
+    )
+    advice = (f"Set `KERAS_BACKEND={'tensorflow' if backend != 'tensorflow' else 'torch'}` before importing keras"
+              f" for the cuDNN {layer_class}" + (" (the JAX backend runs cuDNN LSTM from Keras 3.14)"
+                                                 if backend == "jax" and layer_class == "LSTM" else "")
+              + "; the layer's arguments need no change.")
+    return Finding("RNN_NO_FAST_KERNEL", "warning", where, message, advice)
 
 
 def _walk(layer: Any, path: str, masked: bool, seen: set[int]) -> Iterator[tuple[Any, str, bool]]:
@@ -117,7 +220,7 @@ def _layer_blockers(layer: Any) -> list[_Blocker]:
     return blockers
 
 
-def _cell_blockers(cell: Any, prefix: str) -> list[_Blocker]:
+def _cell_blockers(cell: Any, prefix: str, backend: str) -> list[_Blocker]:
     import keras
 
     blockers = []
@@ -125,7 +228,7 @@ def _cell_blockers(cell: Any, prefix: str) -> list[_Blocker]:
         rate = cell.recurrent_dropout
         replacement = f"dropout={(cell.dropout or rate)!r}"  # input dropout keeps cuDNN
         blockers.append(_Blocker(f"recurrent_dropout={rate!r}", "no recurrent dropout in cuDNN", replacement))
-    if not _is_one_of(cell.activation, "tanh"):
+    if not _is_one_of(cell.activation, "tanh", backend):
         blockers.append(
             _Blocker(
                 f"activation={_function_name(cell.activation)}",
@@ -133,7 +236,7 @@ def _cell_blockers(cell: Any, prefix: str) -> list[_Blocker]:
                 "",
             )
         )
-    if not _is_one_of(cell.recurrent_activation, "sigmoid"):
+    if not _is_one_of(cell.recurrent_activation, "sigmoid", backend):
         blockers.append(
             _Blocker(
                 f"recurrent_activation={_function_name(cell.recurrent_activation)}",
@@ -148,14 +251,16 @@ def _cell_blockers(cell: Any, prefix: str) -> list[_Blocker]:
     return [dataclasses.replace(b, argument=prefix + b.argument) for b in blockers]
 
 
-def _is_one_of(function: Callable[..., Any], name: str) -> bool:
-    """Identity check against Keras's accepted function objects; tf's only if TensorFlow is loaded."""
+def _is_one_of(function: Callable[..., Any], name: str, backend: str) -> bool:
+    """Identity check against the function objects the backend's `cudnn_ok` accepts (its framework's own
+    only if that framework is loaded)."""
     import keras
 
     accepted = [getattr(keras.activations, name), getattr(keras.ops, name)]
-    tf = sys.modules.get("tensorflow")
-    if tf is not None:
-        accepted.append(getattr(tf, name))
+    own = {"tensorflow": ("tensorflow", ("tanh", "sigmoid")), "jax": ("jax.numpy", ("tanh",)),
+           "torch": ("torch", ("tanh", "sigmoid"))}.get(backend)
+    if own is not None and name in own[1] and sys.modules.get(own[0]) is not None:
+        accepted.append(getattr(sys.modules[own[0]], name))
     return any(function is candidate for candidate in accepted)
 
 
@@ -180,10 +285,17 @@ def _no_kernel_finding(
         f"'{layer.name}' ({type(layer).__name__}) cannot use the cuDNN kernel: {'; '.join(reasons)}. "
         "Keras runs the step-by-step loop instead, typically several times slower on a GPU."
     )
+    mask = [b for b in layer_blockers if b.argument == _MASK_ARGUMENT]
+    layer_blockers = [b for b in layer_blockers if b.argument != _MASK_ARGUMENT]
+    advice = ""
     if len(cells) > 1:
         advice = _stacked_advice(layer, cells, layer_blockers + cell_blockers)
-    else:
+    elif generic or layer_blockers or cell_blockers:
         advice = _single_advice(layer, cells[0], layer_blockers, cell_blockers, generic)
+    if mask:
+        advice += ("; " if advice else "") + (
+            "feed it unmasked input (drop `Masking` / `mask_zero=True` and let the loss or sample weights ignore "
+            "the padding), or use the TensorFlow backend, whose cuDNN kernel takes right-padded masks")
     return Finding("RNN_NO_FAST_KERNEL", "warning", where, message, advice)
 
 
