@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gzip
 import importlib.util
 import json
@@ -21,6 +22,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tensorboard import errors, plugin_util
@@ -31,18 +33,30 @@ from werkzeug import wrappers
 
 from rnnmon import metadata as md
 from rnnmon.analysis import summarize
-from rnnmon.reader import ALL_SAMPLES, RunData, read_runs
+from rnnmon.reader import ALL_SAMPLES, RunData, RunReader
 from rnnmon.report import VERDICT_TEXT
 
 from .thresholds_store import NotWritableError, ThresholdsStore
-from .timeline import build_timeline
+from .timeline import TimelineIndex
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 LIVE_WINDOW_S = 30.0  # a running run whose last write is older than this is shown as stalled
 DEFAULT_POINTS, MAX_POINTS = 1000, 20000
-CACHE_RUNS = 8
+CACHE_RUNS = 10  # about 60 MB each for a 1M-step run (TimelineIndex and summary; the tables are dropped)
+DERIVED = ("timeline", "summary")  # what the routes build from a run's tables
 SAVE_HEADER, SAVE_HEADER_VALUE = "X-Rnnmon-Request", "save"  # a cross-site form post cannot set a header
 MAX_BODY_BYTES = 16 * 1024  # a thresholds document is under 2 KiB
+
+
+@dataclasses.dataclass
+class _CachedRun:
+    """One version of a run: its tables until everything in DERIVED is built from them, then only those."""
+
+    version: Any
+    data: RunData | None = None
+    errors: list[str] | None = None  # None until read
+    derived: dict[str, Any] = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 class RunDataError(errors.PublicError):
@@ -67,7 +81,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._data_provider = context.data_provider
-        self._cache: collections.OrderedDict[tuple[str, str], tuple[Any, RunData]] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[tuple[str, str], _CachedRun] = collections.OrderedDict()
+        self._readers: dict[tuple[str, str], RunReader] = {}  # live runs: decoded chunks, kept across versions
         self._lock = threading.Lock()
         self._plotly_gz: bytes | None = None
         self._thresholds = ThresholdsStore(context.logdir)
@@ -150,13 +165,16 @@ class RnnmonPlugin(base_plugin.TBPlugin):
     def timeline_impl(self, ctx: Any, experiment: str, run: str, start: float | None, end: float | None,
                       points: int) -> dict[str, Any]:
         """`run`'s series over [start, end] (seconds since its origin), about `points` points per series."""
-        return build_timeline(self._read(ctx, experiment, run), start, end, points)
+        return self._derived(ctx, experiment, run, "timeline", TimelineIndex).view(start, end, points)
 
     def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
         """`rnnmon.analysis.summarize` for `run`, with the verdict in words."""
-        summary = summarize(self._read(ctx, experiment, run))  # idle_gaps: the longest 20; idle_gap_count: all
+        return self._derived(ctx, experiment, run, "summary", self._summary)
+
+    def _summary(self, data: RunData) -> dict[str, Any]:
+        summary = summarize(data)  # idle_gaps: the longest 20; idle_gap_count: all
         summary["verdict_text"] = VERDICT_TEXT.get(summary["verdict"], summary["verdict"])
-        summary["name"] = _display_name(run)
+        summary["name"] = _display_name(data.run)
         return summary
 
     def thresholds_impl(self) -> dict[str, Any]:
@@ -173,8 +191,18 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             raise RequestRefused(409, str(error)) from None
 
     # --- helpers -----------------------------------------------------------------------------------------
-    def _read(self, ctx: Any, experiment: str, run: str) -> RunData:
-        """The run's data, read again only when a tag has new samples; raises for unknown or unreadable runs."""
+    def _derived(self, ctx: Any, experiment: str, run: str, name: str, build: Callable[[RunData], Any]) -> Any:
+        """`build(data)` for the run's current data, built once per version of it (see `_CachedRun`)."""
+        cached = self._read(ctx, experiment, run)
+        with cached.lock:
+            if name not in cached.derived:
+                cached.derived[name] = build(cached.data)
+                if len(cached.derived) == len(DERIVED):
+                    cached.data = RunData(run)  # the tables were only needed to build these
+            return cached.derived[name]
+
+    def _read(self, ctx: Any, experiment: str, run: str) -> _CachedRun:
+        """The run's cache entry, read again only when a tag has new samples; raises for unknown or unreadable runs."""
         listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=md.PLUGIN_NAME,
                                                    run_tag_filter=tb_provider.RunTagFilter(runs=[run]))
         tags = listing.get(run)
@@ -184,18 +212,25 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         key = (experiment, run)
         with self._lock:
             cached = self._cache.get(key)
-        if cached is None or cached[0] != version:
-            data = read_runs(self._data_provider, ctx, experiment, runs=[run]).get(run, RunData(run))
-            cached = (version, data)
-            with self._lock:
-                self._cache[key] = cached
-                self._cache.move_to_end(key)
-                while len(self._cache) > CACHE_RUNS:
-                    self._cache.popitem(last=False)
-        data = cached[1]
-        if data.errors:
-            raise RunDataError(f"Run {run!r} has unreadable rnnmon data: {'; '.join(data.errors)}")
-        return data
+            if cached is None or cached.version != version:
+                cached = self._cache[key] = _CachedRun(version)
+            self._cache.move_to_end(key)
+            while len(self._cache) > CACHE_RUNS:
+                self._cache.popitem(last=False)
+        with cached.lock:  # one reader per run and version; other requests for it wait for its result
+            if cached.errors is None:
+                with self._lock:
+                    reader = self._readers.pop(key, None) or RunReader(run)
+                data = reader.update_from_provider(self._data_provider, ctx, experiment)  # decodes new chunks only
+                if data.info.get("status") == "running":  # more chunks will come: keep what is decoded
+                    with self._lock:
+                        self._readers[key] = reader
+                        while len(self._readers) > CACHE_RUNS:
+                            self._readers.pop(next(iter(self._readers)))
+                cached.data, cached.errors = data, list(data.errors)
+        if cached.errors:
+            raise RunDataError(f"Run {run!r} has unreadable rnnmon data: {'; '.join(cached.errors)}")
+        return cached
 
     def _plotly_bundle(self) -> bytes:
         """plotly.js from the installed `plotly` package, gzipped once."""

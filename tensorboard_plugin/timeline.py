@@ -1,15 +1,19 @@
 """One run's time series for a time range, cut down to about `points` points per series for the page.
 
-Series are thinned by min/max bucketing: the range is split into equal time buckets and each bucket keeps the
-rows holding the minimum and the maximum of every column, in time order. A one-sample dip or spike therefore
-survives any zoom level; nothing is averaged. Intervals (idle gaps, phases) come back one by one while they are
-few; beyond that they are binned: per time bucket and kind, the share of the bucket they cover, so a thousand
-short gaps at a coarse zoom read as "8% idle here", never as one solid band.
+`TimelineIndex(run)` sorts and indexes a run's tables once per version of its data; `view(start, end, points)`
+then answers each `/timeline` request in milliseconds, whatever the run's length (see downsample.py):
+- Series are thinned by min/max bucketing: the range is split into equal time buckets and each bucket keeps the
+  rows holding the minimum and the maximum of every column, in time order. A one-sample dip or spike therefore
+  survives any zoom level; nothing is averaged.
+- Intervals (idle gaps, phases) come back one by one while they are few; beyond that they are binned: per time
+  bucket and kind, the share of the bucket they cover, so a thousand short gaps at a coarse zoom read as
+  "8% idle here", never as one solid band.
 
 All times are seconds since the run's origin, its earliest rnnmon timestamp (Unix seconds in `origin`).
 
 Example:
-    >>> timeline = build_timeline(run_data, start=None, end=None, points=1000)
+    >>> index = TimelineIndex(run_data)
+    >>> timeline = index.view(start=None, end=None, points=1000)
     >>> timeline["steps"]["input_wait_ms"][:3]
     [12.1, 11.8, 0.4]
 """
@@ -24,58 +28,13 @@ import numpy as np
 from rnnmon import metadata as md
 from rnnmon.reader import RunData
 
+from .downsample import IntervalCoverage, MinMaxPyramid, bin_intervals, minmax_indices
+
+__all__ = ["TimelineIndex", "bin_intervals", "build_timeline", "extent", "minmax_indices"]
+
 _S = {name: i for i, name in enumerate(md.STEP_COLUMNS)}
 _SM_ACTIVITY = md.STAT_COLUMNS.index("sm_activity_pct")
 PHASE_LIMIT = 100  # phases are drawn as shapes, which plotly draws one by one
-
-
-def minmax_indices(x: np.ndarray, values: np.ndarray, points: int, lo: float, hi: float) -> np.ndarray:
-    """Rows to keep so that each time bucket keeps its minimum and maximum of every column.
-
-    `x` is sorted; `values` is [n, k]. Rows whose columns are all NaN are dropped. With `n <= points` every row is
-    kept; otherwise there are `points // (2k)` buckets over [lo, hi], so at most `points` rows come back.
-    """
-    values = values[:, None] if values.ndim == 1 else values  # reshape(len(x), -1) fails on 0 rows
-    valid = ~np.isnan(values)
-    if len(x) <= points:
-        return np.flatnonzero(valid.any(axis=1))
-    buckets = max(1, points // (2 * values.shape[1]))
-    width = (hi - lo) / buckets if hi > lo else 1.0
-    bucket = np.clip(((x - lo) / width).astype(np.int64), 0, buckets - 1)
-    keep = []
-    for column, ok in zip(values.T, valid.T):
-        rows = np.flatnonzero(ok)
-        if not len(rows):
-            continue
-        order = rows[np.lexsort((column[rows], bucket[rows]))]  # by bucket, then by value
-        sorted_bucket = bucket[order]
-        first = np.flatnonzero(np.r_[True, sorted_bucket[1:] != sorted_bucket[:-1]])
-        last = np.r_[first[1:] - 1, len(order) - 1]
-        keep += [order[first], order[last]]
-    return np.unique(np.concatenate(keep)) if keep else np.empty(0, dtype=np.int64)
-
-
-def bin_intervals(start: np.ndarray, end: np.ndarray, group: np.ndarray, lo: float, hi: float,
-                  buckets: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per bucket of [lo, hi] and group: the share of the bucket the group's intervals cover (capped at 1).
-
-    Returns (bucket start, bucket end, group, share) for every pair with a share above 0, by bucket.
-    """
-    width = (hi - lo) / buckets
-    s, e = np.clip(start, lo, hi), np.clip(end, lo, hi)
-    first = np.clip(((s - lo) / width).astype(np.int64), 0, buckets - 1)
-    last = np.clip(((e - lo) / width).astype(np.int64), 0, buckets - 1)
-    groups, row = np.unique(group, return_inverse=True)
-    covered = np.zeros((len(groups), buckets))
-    single = first == last
-    np.add.at(covered, (row[single], first[single]), (e - s)[single])
-    for i in np.flatnonzero(~single):  # few: an interval wider than a bucket
-        edges = lo + np.arange(first[i], last[i] + 2) * width
-        covered[row[i], first[i]:last[i] + 1] += np.clip(np.minimum(edges[1:], e[i]) - np.maximum(edges[:-1], s[i]),
-                                                          0, None)
-    share = np.minimum(covered / width, 1.0)
-    bucket, which = np.nonzero(share.T > 0)
-    return lo + bucket * width, lo + (bucket + 1) * width, groups[which], share[which, bucket]
 
 
 def extent(run: RunData) -> tuple[float, float]:
@@ -91,100 +50,155 @@ def extent(run: RunData) -> tuple[float, float]:
 
 def build_timeline(run: RunData, start: float | None, end: float | None, points: int) -> dict[str, Any]:
     """The `/timeline` answer for `run` over [start, end] (seconds since the origin; None: the run's edge)."""
-    origin, last = extent(run)
-    lo = 0.0 if start is None else start
-    hi = max(last - origin, lo) if end is None else end
-    phase_table = np.column_stack([np.full(len(run.phases), md.STEP_DEVICE), run.phases[:, 1:3], run.phases[:, 0]])
-    phases = _intervals(phase_table, md.PHASE_KINDS, "kind", origin, lo, hi, PHASE_LIMIT)
-    del phases["device"]  # phases belong to the whole process
-    return {
-        "run": run.run,
-        "origin": origin,
-        "extent": {"start": 0.0, "end": round(last - origin, 4)},
-        "range": {"start": round(lo, 4), "end": round(hi, 4)},
-        "points": points,
-        "steps": _steps(run.steps, origin, lo, hi, points),
-        "gpus": [_gpu(run, index, origin, lo, hi, points) for index in sorted(run.util)],
-        "gaps": _intervals(run.gaps, md.GAP_CAUSES, "cause", origin, lo, hi, max(1, points // 2)),
-        "phases": phases,
-    }
+    return TimelineIndex(run).view(start, end, points)
 
 
-def _steps(steps: np.ndarray, origin: float, lo: float, hi: float, points: int) -> dict[str, Any]:
-    steps = steps[~np.isnan(steps[:, _S["host_gap_ms"]])]  # each fit's first step is its warm-up phase
-    steps = steps[np.argsort(steps[:, _S["begin"]], kind="stable")]
-    begin, end = steps[:, _S["begin"]] - origin, steps[:, _S["end"]] - origin
-    inside = (end >= lo) & (begin <= hi)
-    steps, begin = steps[inside], begin[inside]
-    duration_ms = 1e3 * (steps[:, _S["end"]] - steps[:, _S["begin"]])
-    wait_ms = steps[:, _S["input_wait_ms"]]
-    compute_ms = duration_ms - np.nan_to_num(wait_ms)
-    gap_ms = steps[:, _S["host_gap_ms"]]
-    keep = minmax_indices(begin, np.column_stack([wait_ms, compute_ms, gap_ms]), points, lo, hi)
-    return {
-        "total": len(steps),
-        "downsampled": len(keep) < len(steps),
-        "step": steps[keep, _S["step"]].astype(np.int64).tolist(),
-        "time": _list(begin[keep], 4),
-        "duration_ms": _list(duration_ms[keep], 3),
-        "input_wait_ms": _list(wait_ms[keep], 3),
-        "compute_ms": _list(compute_ms[keep], 3),
-        "host_gap_ms": _list(gap_ms[keep], 3),
-    }
+class TimelineIndex:
+    """A run's steps, GPU series, gaps and phases, sorted relative to the origin and indexed for `view`.
+
+    It keeps what the page needs, not the run's tables: about 28 bytes per step and 32 per gap.
+    """
+
+    def __init__(self, run: RunData) -> None:
+        self.run = run.run
+        self.origin, last = extent(run)
+        self.end = last - self.origin
+        self.steps = _StepIndex(run.steps, self.origin)
+        self.gpus = [_GpuIndex(run, index, self.origin) for index in sorted(run.util)]
+        self.gaps = _IntervalIndex(run.gaps, self.origin, md.GAP_CAUSES)
+        phases = np.column_stack([np.full(len(run.phases), md.STEP_DEVICE), run.phases[:, 1:3], run.phases[:, 0]])
+        self.phases = _IntervalIndex(phases, self.origin, md.PHASE_KINDS)
+
+    def view(self, start: float | None, end: float | None, points: int) -> dict[str, Any]:
+        """The `/timeline` answer over [start, end] (seconds since the origin; None: the run's edge)."""
+        lo = 0.0 if start is None else start
+        hi = max(self.end, lo) if end is None else end
+        phases = self.phases.view(lo, hi, PHASE_LIMIT, "kind")
+        del phases["device"]  # phases belong to the whole process
+        return {
+            "run": self.run,
+            "origin": self.origin,
+            "extent": {"start": 0.0, "end": round(self.end, 4)},
+            "range": {"start": round(lo, 4), "end": round(hi, 4)},
+            "points": points,
+            "steps": self.steps.view(lo, hi, points),
+            "gpus": [gpu.view(lo, hi, points) for gpu in self.gpus],
+            "gaps": self.gaps.view(lo, hi, max(1, points // 2), "cause"),
+            "phases": phases,
+        }
 
 
-def _gpu(run: RunData, index: int, origin: float, lo: float, hi: float, points: int) -> dict[str, Any]:
-    device = run.devices.get(index, {})
-    stats = run.stats.get(index, np.empty((0, len(md.STAT_COLUMNS))))
-    sm = _series(stats[:, 0] - origin, stats[:, _SM_ACTIVITY], lo, hi, points)
-    return {
-        "index": index,
-        "name": str(device.get("name", f"GPU {index}")),
-        "util": _series(run.util[index][:, 0] - origin, run.util[index][:, 1], lo, hi, points),
-        "sm_activity": sm if sm["total"] else None,
-    }
+class _StepIndex:
+    """Steps after each fit's warm-up, by begin time: input wait, compute and host gap (ms) in a pyramid."""
+
+    def __init__(self, steps: np.ndarray, origin: float) -> None:
+        steps = steps[~np.isnan(steps[:, _S["host_gap_ms"]])]  # each fit's first step is its warm-up phase
+        steps = steps[np.argsort(steps[:, _S["begin"]], kind="stable")]
+        begin = steps[:, _S["begin"]] - origin
+        duration_s = steps[:, _S["end"]] - steps[:, _S["begin"]]
+        self.longest_s = float(duration_s.max()) if len(steps) else 0.0
+        self.number = steps[:, _S["step"]].astype(np.int64)
+        wait_ms = steps[:, _S["input_wait_ms"]]
+        compute_ms = 1e3 * duration_s - np.nan_to_num(wait_ms)
+        values = np.column_stack([wait_ms, compute_ms, steps[:, _S["host_gap_ms"]]]).astype(np.float32)
+        self.pyramid = MinMaxPyramid(begin, values)
+
+    def view(self, lo: float, hi: float, points: int) -> dict[str, Any]:
+        begin = self.pyramid.x
+        first = int(np.searchsorted(begin, lo - self.longest_s, side="left"))
+        inside = int(np.searchsorted(begin, lo, side="left"))
+        last = int(np.searchsorted(begin, hi, side="right"))
+        head = np.arange(first, min(inside, last))  # begun before lo: inside the view while still running at lo
+        reaches = np.flatnonzero(begin[head] + self._duration_s(head) >= lo)
+        first = int(head[reaches[0]]) if len(reaches) else inside
+        keep = self.pyramid.indices(first, last, points, lo, hi) if first < last else np.empty(0, dtype=np.int64)
+        wait_ms, compute_ms, gap_ms = (self.pyramid.values[keep, column].astype(np.float64) for column in range(3))
+        return {
+            "total": max(0, last - first),
+            "downsampled": len(keep) < max(0, last - first),
+            "step": self.number[keep].tolist(),
+            "time": _list(begin[keep], 4),
+            "duration_ms": _list(compute_ms + np.nan_to_num(wait_ms), 3),
+            "input_wait_ms": _list(wait_ms, 3),
+            "compute_ms": _list(compute_ms, 3),
+            "host_gap_ms": _list(gap_ms, 3),
+        }
+
+    def _duration_s(self, rows: np.ndarray) -> np.ndarray:
+        values = self.pyramid.values[rows]
+        return (values[:, 1].astype(np.float64) + np.nan_to_num(values[:, 0])) / 1e3
 
 
-def _series(time: np.ndarray, value: np.ndarray, lo: float, hi: float, points: int) -> dict[str, Any]:
-    """Samples in [lo, hi], plus one on each side so lines reach the edges of the view."""
+class _GpuIndex:
+    """One GPU's utilization and (where the GPU has GPM) SM activity, each a pyramid over time."""
+
+    def __init__(self, run: RunData, index: int, origin: float) -> None:
+        self.index = index
+        self.name = str(run.devices.get(index, {}).get("name", f"GPU {index}"))
+        stats = run.stats.get(index, np.empty((0, len(md.STAT_COLUMNS))))
+        self.util = _series_pyramid(run.util[index][:, 0] - origin, run.util[index][:, 1])
+        self.sm = _series_pyramid(stats[:, 0] - origin, stats[:, _SM_ACTIVITY])
+
+    def view(self, lo: float, hi: float, points: int) -> dict[str, Any]:
+        sm = _series(self.sm, lo, hi, points)
+        return {"index": self.index, "name": self.name, "util": _series(self.util, lo, hi, points),
+                "sm_activity": sm if sm["total"] else None}
+
+
+def _series_pyramid(time: np.ndarray, value: np.ndarray) -> MinMaxPyramid:
     order = np.argsort(time, kind="stable")
     time, value = time[order], value[order]
-    time, value = time[~np.isnan(value)], value[~np.isnan(value)]
-    first = max(0, int(np.searchsorted(time, lo, side="left")) - 1)
-    last = min(len(time), int(np.searchsorted(time, hi, side="right")) + 1)
-    time, value = time[first:last], value[first:last]
-    keep = minmax_indices(time, value, points, lo, hi)
-    return {"total": len(time), "downsampled": len(keep) < len(time), "time": _list(time[keep], 4),
-            "value": _list(value[keep], 2)}
+    measured = ~np.isnan(value)
+    return MinMaxPyramid(time[measured], value[measured].astype(np.float32))
 
 
-def _intervals(table: np.ndarray, names: tuple[str, ...], label: str, origin: float, lo: float, hi: float,
-               limit: int) -> dict[str, Any]:
-    """Intervals overlapping the view; binned into `limit` buckets when more than `limit` of them overlap.
+def _series(pyramid: MinMaxPyramid, lo: float, hi: float, points: int) -> dict[str, Any]:
+    """Samples in [lo, hi], plus one on each side so lines reach the edges of the view."""
+    first = max(0, int(np.searchsorted(pyramid.x, lo, side="left")) - 1)
+    last = min(len(pyramid.x), int(np.searchsorted(pyramid.x, hi, side="right")) + 1)
+    keep = pyramid.indices(first, last, points, lo, hi) if first < last else np.empty(0, dtype=np.int64)
+    return {"total": max(0, last - first), "downsampled": len(keep) < last - first,
+            "time": _list(pyramid.x[keep], 4), "value": _list(pyramid.values[keep, 0], 2)}
 
-    `table` is [device, start, end, kind]; `share` is 1 for a single interval, the covered share for a bin.
-    """
-    device, start, end, kind = table[:, 0], table[:, 1] - origin, table[:, 2] - origin, table[:, 3]
-    inside = (end >= lo) & (start <= hi)
-    total = int(inside.sum())
-    group = (device[inside] + 1) * len(names) + kind[inside]  # one number per (device, kind); device -1 is 0
-    if total > limit and hi > lo:
-        s, e, g, share = bin_intervals(start[inside], end[inside], group, lo, hi, limit)
-    else:
-        order = np.argsort(start[inside], kind="stable")
-        s, e, g, share = start[inside][order], end[inside][order], group[order], np.ones(total)
-    devices = (g // len(names) - 1).astype(np.int64)
-    return {
-        "total": total,
-        "binned": total > limit and hi > lo,
-        "start": _list(s, 4),
-        "end": _list(e, 4),
-        "share": _list(share, 3),
-        label: [names[int(k) % len(names)] for k in g],
-        "device": [None if d == md.STEP_DEVICE else int(d) for d in devices],
-    }
+
+class _IntervalIndex:
+    """Intervals [device, start, end, kind] by start, with their coverage per (device, kind) for binning."""
+
+    def __init__(self, table: np.ndarray, origin: float, names: tuple[str, ...]) -> None:
+        self.names = names
+        order = np.argsort(table[:, 1], kind="stable")
+        self.start, self.end = table[order, 1] - origin, table[order, 2] - origin
+        self.group = ((table[order, 0] + 1) * len(names) + table[order, 3]).astype(np.int64)  # device -1 is 0
+        self.longest_s = float((self.end - self.start).max()) if len(order) else 0.0
+        self.ends = np.sort(self.end)
+        self.coverage = IntervalCoverage(self.start, self.end, self.group)
+
+    def view(self, lo: float, hi: float, limit: int, label: str) -> dict[str, Any]:
+        """Intervals overlapping [lo, hi]; binned into `limit` buckets when more than `limit` of them overlap.
+
+        `share` is 1 for a single interval, the covered share for a bin.
+        """
+        began = int(np.searchsorted(self.start, hi, side="right"))
+        total = began - int(np.searchsorted(self.ends, lo, side="left"))  # started by hi, minus ended before lo
+        binned = total > limit and hi > lo
+        if binned:
+            s, e, g, share = self.coverage.bins(lo, hi, limit)
+        else:
+            first = int(np.searchsorted(self.start, lo - self.longest_s, side="left"))
+            rows = first + np.flatnonzero(self.end[first:began] >= lo)
+            s, e, g, share = self.start[rows], self.end[rows], self.group[rows], np.ones(len(rows))
+        devices = g // len(self.names) - 1
+        return {
+            "total": total,
+            "binned": binned,
+            "start": _list(s, 4),
+            "end": _list(e, 4),
+            "share": _list(share, 3),
+            label: [self.names[int(k) % len(self.names)] for k in g],
+            "device": [None if d == md.STEP_DEVICE else int(d) for d in devices.tolist()],
+        }
 
 
 def _list(values: np.ndarray, decimals: int) -> list[float | None]:
     """JSON-ready floats; NaN (not measured) becomes null."""
-    return [None if math.isnan(v) else v for v in np.round(values.astype(np.float64), decimals).tolist()]
+    return [None if math.isnan(v) else v for v in np.round(np.asarray(values, dtype=np.float64), decimals).tolist()]

@@ -20,9 +20,9 @@ import pytest
 from conftest import stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed, library_missing
 from rnnmon_tensorboard import plugin as plugin_module
+from rnnmon_tensorboard.downsample import MinMaxPyramid, bin_intervals, minmax_indices
 from rnnmon_tensorboard.loader import RnnmonLoader
 from rnnmon_tensorboard.plugin import RnnmonPlugin
-from rnnmon_tensorboard.timeline import bin_intervals, minmax_indices
 from synthetic_runs import truncate_event_file, write_bad_description_run, write_gpu_run, write_unreadable_run
 from tensorboard import context
 from tensorboard.backend import application
@@ -102,6 +102,41 @@ def test_minmax_keeps_each_columns_extremes_and_skips_nan():
 def test_minmax_keeps_everything_that_fits():
     x = np.arange(50.0)
     assert minmax_indices(x, x.copy(), points=100, lo=0, hi=49).tolist() == list(range(50))
+
+
+def _bucket_extremes(x, values, rows, lo, hi, buckets):
+    """{(column, bucket): (min, max)} over `rows`, the slow obvious way."""
+    width = (hi - lo) / buckets
+    out = {}
+    for column in range(values.shape[1]):
+        ok = rows[~np.isnan(values[rows, column])]
+        bucket = np.clip(((x[ok] - lo) / width).astype(int), 0, buckets - 1)
+        for b in np.unique(bucket):
+            picked = values[ok[bucket == b], column]
+            out[column, int(b)] = (float(picked.min()), float(picked.max()))
+    return out
+
+
+def test_pyramid_keeps_every_buckets_extremes_and_every_dip_at_every_zoom():
+    rng = np.random.default_rng(3)
+    x = np.sort(rng.uniform(0, 5000, 300_000))
+    values = rng.uniform(60, 95, (len(x), 2)).astype(np.float32)
+    values[rng.random(values.shape) < 0.05] = np.nan
+    dips = np.r_[rng.choice(len(x), 40, replace=False), np.searchsorted(x, [77.2, 130.0, 1300.0, 2600.0])]
+    values[dips, 0] = 0.0  # single-sample idle dips
+    pyramid = MinMaxPyramid(x, values)
+    assert len(pyramid.levels) >= 3
+    for lo, hi in [(0, 5000), (0.0, 2500.0), (1234.5, 4321.0), (100.0, 160.0), (77.0, 77.5)]:
+        first, last = np.searchsorted(x, lo), np.searchsorted(x, hi, side="right")
+        keep = pyramid.indices(first, last, 1000, lo, hi)
+        assert len(keep) <= 1000 and np.all(np.diff(keep) > 0) and first <= keep.min() and keep.max() < last
+        shown = dips[(dips >= first) & (dips < last)]
+        width = (hi - lo) / 250 if last - first > 1000 else np.inf
+        dipped = {min(249, int((x[row] - lo) // width)) for row in keep if values[row, 0] == 0.0}
+        assert shown.size and {min(249, int((x[row] - lo) // width)) for row in shown} == dipped  # their buckets
+        if last - first > 1000:
+            rows = np.arange(first, last)
+            assert _bucket_extremes(x, values, keep, lo, hi, 250) == _bucket_extremes(x, values, rows, lo, hi, 250)
 
 
 def test_bin_intervals_gives_the_covered_share_per_bucket_and_group():
