@@ -30,13 +30,11 @@ _ORIGINAL = "__rnnmon_original__"
 
 
 def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
-                        on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool],
-                        on_iterator: Callable[[Any], None] | None = None) -> None:
+                        on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool]) -> None:
     """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit).
 
-    `on_iterator` is called once, with the first iterator the function is given. Once `live(caller_frame)`
-    is False (its monitor has stopped, or its fit is over) the wrapper passes the call straight through and
-    removes itself.
+    Once `live(caller_frame)` is False (its monitor has stopped, or its fit is over) the wrapper passes the
+    call straight through and removes itself.
     """
     import tensorflow as tf
 
@@ -56,8 +54,6 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
         if first[0]:
             first[0] = False
             _trace_for_any_batch_size(original, iterator.element_spec)
-            if on_iterator is not None:
-                on_iterator(iterator)
         try:
             start = clock()
             batches = list(itertools.islice(iterator, per_execution))
@@ -148,20 +144,6 @@ class _TimedIterator:
         finally:
             self.waited_s += time.perf_counter() - start
             self.batches += 1
-
-
-def peek_first_iterator(model: Any, on_iterator: Callable[[Any], None]) -> None:
-    """Hand the first iterator `model.train_function` gets to `on_iterator`, then step aside."""
-    unwrap_train_function(model)
-    original = model.train_function
-
-    def peeking_train_function(iterator: Any) -> Any:
-        model.train_function = original
-        on_iterator(iterator)
-        return original(iterator)
-
-    setattr(peeking_train_function, _ORIGINAL, original)
-    model.train_function = peeking_train_function
 
 
 def unwrap_train_function(model: Any) -> None:

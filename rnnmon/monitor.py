@@ -28,13 +28,9 @@ from rnnmon.alerts import AlertEvent
 from rnnmon.devices import backend_gpu_count, model_cuda_ordinals, nvml_inventory, process_on_devices, select_devices
 from rnnmon.exits import ExitGuard
 from rnnmon.findings import Finding, sort_findings
+from rnnmon.fit_call import find_fit_call
 from rnnmon.fit_scope import FitScope
-from rnnmon.input_timing import (
-    peek_first_iterator,
-    unwrap_train_function,
-    wrap_jax_train_function,
-    wrap_train_function,
-)
+from rnnmon.input_timing import unwrap_train_function, wrap_jax_train_function, wrap_train_function
 from rnnmon.nvml import Nvml
 from rnnmon.pipeline_audit import audit_pipeline
 from rnnmon.placement_audit import audit_placement
@@ -330,8 +326,6 @@ class UtilizationMonitor(keras.callbacks.Callback):
         # On JAX the batches are fetched in Python anyway: timing them costs nothing at any steps_per_execution.
         default = per_execution == 1 or backend == "jax"
         if not (self.measure_input_wait if self.measure_input_wait is not None else default):
-            if self.audit and backend == "tensorflow":
-                peek_first_iterator(self.model, self._audit_pipeline)
             off = self.measure_input_wait is False
             return f"not measured: {'measure_input_wait=False' if off else f'steps_per_execution={per_execution}'}"
         if getattr(self.model, "train_function", None) is None:
@@ -339,8 +333,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if backend == "jax":
             wrap_jax_train_function(self.model, self._on_wait, self._on_error, self._is_live)
         else:
-            wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live,
-                                self._audit_pipeline if self.audit else None)
+            wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live)
         return "measured"
 
     def _on_thresholds_change(self, alerting: Alerting) -> None:
@@ -355,8 +348,17 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._profile.request(event.rule)
 
     def _audit_setup(self) -> None:
-        """RNN layers and device placement, checked once per fit before the first step."""
+        """RNN layers, the user's training input and device placement, checked once per fit before the first step."""
         findings = audit_rnn_layers(self.model)
+        fit = find_fit_call(self.model)
+        if fit is None:
+            LOG.info("rnnmon: the training input could not be reached from the callback; run "
+                     "rnnmon.audit(model, dataset) to check it.")
+        else:
+            try:
+                findings += audit_pipeline(fit.x, fit.batch_size)
+            except Exception as error:  # auditing must never stop training
+                LOG.info("rnnmon: the input pipeline audit failed (%s: %s)", type(error).__name__, error)
         backend = keras.backend.backend()
         framework = backend_gpu_count(backend)
         if self._nvml.available and framework is not None:
@@ -364,20 +366,6 @@ class UtilizationMonitor(keras.callbacks.Callback):
             targets = [d.target for d in self._sampler.devices] if self._sampler else []
             findings += audit_placement(nvml_count, framework, process_on_devices(self._nvml, targets), backend)
         self._report_findings(findings)
-
-    def _audit_pipeline(self, iterator: Any) -> None:
-        """The input pipeline, reached through the first iterator Keras hands the train function."""
-        dataset = getattr(iterator, "_dataset", None)
-        if dataset is None:
-            LOG.info("rnnmon: the input pipeline could not be reached from the callback; run "
-                     "rnnmon.audit(model, dataset) to check it.")
-            return
-        try:
-            found = audit_pipeline(dataset)
-        except Exception as error:  # auditing must never stop training
-            LOG.info("rnnmon: the input pipeline audit failed (%s: %s)", type(error).__name__, error)
-            return
-        self._report_findings(found)
 
     def _report_findings(self, findings: list[Finding]) -> None:
         """Log new findings once and record the fit's whole list (the latest record is the one read)."""

@@ -18,6 +18,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import os
 import re
 import sys
 import types
@@ -113,6 +115,11 @@ class _Stage:
             ops.update(node.op for node in graph_def.node)
             ops.update(node.op for f in graph_def.library.function for node in f.node_def)
         return cls(dataset, kind, f"{WHERE}/{kind}[{position}]", upstream, functions, frozenset(ops))
+
+    def defined_at(self) -> str:
+        """" (defined at file.py:12)" for the Python function the stage was built from, where Python can tell."""
+        wrappers = self.dataset._functions()
+        return _defined_at(getattr(wrappers[0], "_func", None)) if wrappers else ""
 
     def function_label(self) -> str:
         """The user function's name, as TF put it in the traced function's; "fn" for a class or a method."""
@@ -229,7 +236,7 @@ def _serial_stages(pipeline: _Pipeline) -> list[Finding]:
         else:
             severity = "warning"
             why = "it runs on one thread, and TensorFlow never parallelizes an interleave itself."
-        message = f"{call} ({stage.kind}) has no num_parallel_calls; {why}"
+        message = f"{call}{stage.defined_at()} ({stage.kind}) has no num_parallel_calls; {why}"
         findings.append(Finding("PIPELINE_SERIAL_MAP", severity, stage.where, message, advice))
     return findings
 
@@ -283,7 +290,7 @@ def _python_stages(pipeline: _Pipeline) -> list[Finding]:
         elif found := sorted(inside & _PY_OPS):
             label = stage.function_label()
             message = (
-                f"{stage.kind}({label}) calls Python through {', '.join(found)} (tf.py_function / "
+                f"{stage.kind}({label}){stage.defined_at()} calls Python through {', '.join(found)} (tf.py_function / "
                 "tf.numpy_function): it holds the GIL"
                 + (", even with parallel calls." if parallel else ", and TensorFlow never parallelizes it.")
             )
@@ -322,9 +329,22 @@ def _uncached_reads(pipeline: _Pipeline) -> list[Finding]:
     return []
 
 
+def _defined_at(function: Any) -> str:
+    """" (defined at file.py:12)" for a Python function, class or generator; "" where Python cannot tell."""
+    function = inspect.unwrap(function) if callable(function) else function
+    code = getattr(function, "__code__", None) or getattr(function, "gi_code", None)
+    if code is not None:
+        return f" (defined at {os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+    try:
+        _, line = inspect.getsourcelines(function)
+        return f" (defined at {os.path.basename(inspect.getsourcefile(function) or '?')}:{line})"
+    except (OSError, TypeError):
+        return ""
+
+
 def _generator_input(data: types.GeneratorType) -> Finding:
     message = (
-        f"The training input is a Python generator ({data.__name__}): Keras wraps it in "
+        f"The training input is a Python generator ({data.__name__}){_defined_at(data)}: Keras wraps it in "
         "Dataset.from_generator, so one Python thread, competing with the training loop for the GIL, "
         "produces every batch."
     )
@@ -340,8 +360,8 @@ def _py_dataset_input(data: Any) -> Finding:
     name = type(data).__name__
     message = (
         f"The training input is a keras.utils.PyDataset ({name}) with workers={data.workers}, "
-        f"use_multiprocessing={data.use_multiprocessing}: Keras calls its __getitem__ for one batch at a "
-        "time on a single thread."
+        f"use_multiprocessing={data.use_multiprocessing}{_defined_at(type(data))}: Keras calls its "
+        "__getitem__ for one batch at a time on a single thread."
     )
     advice = (
         f"Call `super().__init__(workers=4, use_multiprocessing=True, **kwargs)` in `{name}.__init__` "
