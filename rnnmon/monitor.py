@@ -41,6 +41,7 @@ from rnnmon.rnn_audit import audit_rnn_layers
 from rnnmon.sampler import Sampler
 from rnnmon.thresholds import Thresholds
 from rnnmon.ticker import Ticker
+from rnnmon.workers import worker_name
 from rnnmon.writer import SummaryWriter
 
 LOG = logging.getLogger("rnnmon")
@@ -87,6 +88,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         prometheus_addr: The address the endpoint binds to. Defaults to `"127.0.0.1"` (this machine only).
         prometheus_job: The `job` label of every series. Defaults to `"rnnmon"`.
 
+    In multi-worker training (`TF_CONFIG`, or JAX with several processes) each worker writes to its own run,
+    `log_dir/worker-<index>/rnnmon`.
+
     Put it first in the callbacks list: callbacks after it then count as host gap, not as step time.
 
     Example:
@@ -114,7 +118,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         _require(prometheus_port is None or (isinstance(prometheus_port, int) and 0 <= prometheus_port < 65536),
                  "prometheus_port", prometheus_port, "None or a port number in [0, 65535]")
         self.log_dir = log_dir
-        self.run_dir = os.path.join(log_dir, md.RUN_SUBDIR)
+        self.worker = worker_name()
+        self.run_dir = os.path.join(log_dir, *([self.worker] if self.worker else []), md.RUN_SUBDIR)
         self.devices = devices
         self.sample_interval_s = sample_interval_s
         self.flush_secs = flush_secs
@@ -133,7 +138,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self.profile_steps_on_alert = profile_steps_on_alert
         self.watch_thresholds = watch_thresholds
         self.audit = audit
-        self._exporter = None if prometheus_port is None else PrometheusExporter(job=prometheus_job, worker="0")
+        self._exporter = None if prometheus_port is None else PrometheusExporter(job=prometheus_job,
+                                                                                  worker=self.worker or "0")
         self.prometheus_port = self._exporter.serve(prometheus_port, prometheus_addr) if self._exporter else None
         self._nvml = Nvml()
         self._sampler: Sampler | None = None
@@ -380,7 +386,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         return {
             "version": md.FORMAT_VERSION, "status": "running", "start": time.time(), "end": None,
             "backend": keras.backend.backend(), "keras": keras.__version__, "host": socket.gethostname(),
-            "pid": os.getpid(), "steps_per_execution": self._per_execution,
+            "pid": os.getpid(), "worker": self.worker, "steps_per_execution": self._per_execution,
             "input_wait": self._input_timing, "idle_pct": self.idle_pct,
             "gpus": sampler.describe() if sampler else [],
             "nvml": "available" if self._nvml.available else "unavailable",

@@ -16,6 +16,7 @@ from typing import Any
 
 from rnnmon.analysis import gap_list, summarize
 from rnnmon.reader import read_logdir
+from rnnmon.stragglers import compare_workers
 
 VERDICT_TEXT = {
     "input-bound": "input-bound: the step waits for the input pipeline",
@@ -29,7 +30,9 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u206
 
 
 def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
-    """{"runs": [summary, ...]} for every rnnmon run under `logdir`, sorted by run name.
+    """{"runs": [summary, ...], "comparison", "workers"} for every rnnmon run under `logdir`, sorted by run name.
+
+    `workers` compares the workers of each multi-worker job (runs `[job/]worker-<index>/rnnmon`).
 
     A summary lists the longest idle gaps; with `all_gaps` its `idle_gaps` holds every gap, in time order.
     """
@@ -43,7 +46,7 @@ def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
             gaps = runs[name].gaps
             summary["idle_gaps"] = gap_list(gaps[gaps[:, 1].argsort(kind="stable")])
         summaries.append(summary)
-    return {"runs": summaries, "comparison": compare(summaries)}
+    return {"runs": summaries, "comparison": compare(summaries), "workers": compare_workers(summaries)}
 
 
 def compare(summaries: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -66,7 +69,22 @@ def render_text(report: dict[str, Any], all_gaps: bool = False) -> str:
     if comparison:
         text += (f"\n\nSpeedup: {_clean(comparison['fastest'])} takes a {comparison['speedup']:.1f}x shorter median "
                  f"step than {_clean(comparison['slowest'])}.")
+    for group in report.get("workers", []):
+        text += "\n\n" + _render_workers(group)
     return text
+
+
+def _render_workers(group: dict[str, Any]) -> str:
+    lines = [f"Workers of {_clean(group['job'])} ({len(group['workers'])})",
+             "  worker            median step    input wait    host gap    GPU idle"]
+    for row in group["workers"]:
+        lines.append(f"  {_clean(row['worker']):<16}{_ms(row['step_ms']):>12}  {_ms(row['input_wait_ms']):>12}  "
+                     f"{_pct(row['host_gap_fraction']):>10}  {_pct(row['gpu_idle_fraction']):>10}")
+    for finding in group["findings"]:
+        lines.append(f"  [{finding['severity']}] {finding['code']} at {_clean(finding['where'])}: "
+                     f"{_clean(finding['message'])}")
+        lines.append(f"      fix: {_clean(finding['advice'])}")
+    return "\n".join(lines)
 
 
 def _clean(text: Any) -> str:
