@@ -64,7 +64,7 @@ class TimelineIndex:
         self.origin, last = extent(run)
         self.end = last - self.origin
         self.steps = _StepIndex(run.steps, self.origin)
-        self.gpus = [_GpuIndex(run, index, self.origin) for index in sorted(run.util)]
+        self.gpus = [_GpuIndex(run, index, self.origin) for index in sorted(set(run.util) | set(run.stats))]
         self.gaps = _IntervalIndex(run.gaps, self.origin, md.GAP_CAUSES)
         phases = np.column_stack([np.full(len(run.phases), md.STEP_DEVICE), run.phases[:, 1:3], run.phases[:, 0]])
         self.phases = _IntervalIndex(phases, self.origin, md.PHASE_KINDS)
@@ -135,13 +135,16 @@ class _GpuIndex:
     def __init__(self, run: RunData, index: int, origin: float) -> None:
         self.index = index
         self.name = str(run.devices.get(index, {}).get("name", f"GPU {index}"))
+        self.utilization = str(run.devices.get(index, {}).get("utilization", "nvml"))  # or "not reported on MIG"
         stats = run.stats.get(index, np.empty((0, len(md.STAT_COLUMNS))))
-        self.util = _series_pyramid(run.util[index][:, 0] - origin, run.util[index][:, 1])
+        util = run.util.get(index, np.empty((0, len(md.UTIL_COLUMNS))))
+        self.util = _series_pyramid(util[:, 0] - origin, util[:, 1])
         self.sm = _series_pyramid(stats[:, 0] - origin, stats[:, _SM_ACTIVITY])
 
     def view(self, lo: float, hi: float, points: int) -> dict[str, Any]:
         sm = _series(self.sm, lo, hi, points)
-        return {"index": self.index, "name": self.name, "util": _series(self.util, lo, hi, points),
+        return {"index": self.index, "name": self.name, "utilization": self.utilization,
+                "util": _series(self.util, lo, hi, points),
                 "sm_activity": sm if sm["total"] else None}
 
 

@@ -147,13 +147,18 @@ def test_mig_without_gpm_reports_no_utilization_and_keeps_step_gaps(tmp_path, mo
     with installed(lib):
         tiny_model().fit(stalled_dataset(40, lambda i: 0.3 if i == 20 else 0.002), epochs=1, verbose=0,
                          callbacks=[UtilizationMonitor(str(tmp_path), audit=False)])
-    summary = summarize(read_run(str(tmp_path)))
+    run = read_run(str(tmp_path))
+    summary = summarize(run)
     [gpu] = summary["gpus"]
     assert gpu["index"] == 1 and gpu["utilization"] == "not reported on MIG" and gpu["util_mean"] is None
     assert any(g["device"] is None and g["cause"] == "input" and g["duration_s"] >= 0.25
                for g in summary["idle_gaps"])  # step phases still find the stall
     text = render_text({"runs": [summary], "comparison": None})
     assert "utilization not reported on MIG" in text and "CPU-only" not in text
+    from tensorboard_plugin.timeline import build_timeline
+
+    [tab_gpu] = build_timeline(run, None, None, 200)["gpus"]  # the tab lists it too, as such
+    assert tab_gpu["utilization"] == "not reported on MIG" and tab_gpu["util"]["total"] == 0
 
 
 # --- the sample buffer ------------------------------------------------------------------------------------

@@ -261,9 +261,10 @@ function card(run, result) {
   node.append(facts);
   node.append(el("div", `rm-verdict rm-verdict-${s.verdict}`, s.verdict_text));
   const gpuIdle = s.gpus.map((gpu) => gpu.idle_fraction).filter((v) => v !== null);
+  const noUtil = s.gpus.length ? `utilization ${s.gpus[0].utilization}` : "none seen by NVML";
   node.append(tiles([
-    ["GPU idle", gpuIdle.length ? pct(gpuIdle.reduce((a, b) => a + b, 0) / gpuIdle.length) : "no GPU",
-      gpuIdle.length ? "of utilization samples" : "none seen by NVML"],
+    ["GPU idle", gpuIdle.length ? pct(gpuIdle.reduce((a, b) => a + b, 0) / gpuIdle.length) : (s.gpus.length ? "n/a" : "no GPU"),
+      gpuIdle.length ? "of utilization samples" : noUtil],
     ["Input wait", s.input_wait_fraction === null ? "n/a" : pct(s.input_wait_fraction),
       s.input_wait_fraction === null ? s.input_wait_measured : "of training time"],
     ["Host gaps", pct(s.host_gap_fraction), "of training time"],
@@ -512,8 +513,12 @@ function addColumn(figure, result, c, count, legend) {
         ...axes(0)});
     }
   });
-  if (!timeline.gpus.length) {
-    figure.layout.annotations.push({text: "No GPU seen by NVML: bands are non-compute gaps from step timing",
+  const unmeasured = timeline.gpus.filter((gpu) => gpu.utilization !== "nvml" && gpu.utilization !== "gpm");
+  if (!timeline.gpus.length || unmeasured.length) {
+    const text = timeline.gpus.length
+      ? `GPU ${unmeasured[0].index}: utilization ${unmeasured[0].utilization}: bands are non-compute gaps from step timing`
+      : "No GPU seen by NVML: bands are non-compute gaps from step timing";
+    figure.layout.annotations.push({text,
       xref: `${ref("x", 0)} domain`, yref: `${ref("y", 0)} domain`, x: 0.5, y: 0.95, showarrow: false,
       font: {size: 11, color: "#64748b"}, bgcolor: "rgba(255,255,255,0.8)"});
   }
