@@ -269,6 +269,14 @@ def test_gpu_run_and_an_unreadable_run(tab, tensorboard):
     names = {t["name"] for t in _traces(frame)}
     assert {"GPU 0 utilization", "GPU 1 utilization", "GPU 0 SM activity", "idle: input pipeline"} <= names
     assert frame.evaluate(f"() => Math.min(...{PLOT}.data.find((t) => t.name === 'GPU 0 utilization').y)") == 0
+    # one utilization row per GPU, each with its own idle gaps, on the shared time axis (one column: y, y2, ...)
+    rows = frame.evaluate(f"""() => {PLOT}.data.filter((t) => / utilization$|^idle: /.test(t.name))
+        .map((t) => `${{t.name}} ${{t.yaxis}}`)""")
+    assert {"GPU 0 utilization y", "GPU 1 utilization y2", "idle: input pipeline y", "idle: input pipeline y2"} \
+        <= set(rows), rows
+    layout = frame.evaluate(f"""() => [{PLOT}._fullLayout.yaxis.title.text, {PLOT}._fullLayout.yaxis2.title.text,
+        {PLOT}.layout.xaxis2.matches]""")
+    assert layout == ["GPU 0 util (%)", "GPU 1 util (%)", "x"]
     error = frame.locator(".rm-card").nth(1).locator(".rm-error")
     assert "unreadable rnnmon data" in error.inner_text()
     assert frame.locator(".rm-card").nth(0).locator(".rm-error").count() == 0

@@ -33,11 +33,12 @@ const PHASES = {
   warmup: {label: "warm-up (tracing)", color: "rgba(148, 163, 184, 0.22)"},
 };
 const COLORS = {compute: "#2563eb", wait: "#f59e0b", host: "#8b5cf6", gpu: ["#0f766e", "#1d4ed8", "#be123c", "#7c3aed"]};
-const ROWS = [
-  {title: "GPU util (%) · idle gaps", domain: [0.62, 1.0]},
+const GPU_DOMAIN = [0.62, 1.0]; // shared by one utilization row per GPU
+const STEP_ROWS = [
   {title: "Step time (ms)", domain: [0.27, 0.56]},
   {title: "Host gap (ms)", domain: [0.0, 0.21]},
 ];
+let ROWS = chartRows([]); // the GPU rows of the runs shown, then STEP_ROWS; set by drawChart
 const STATUS_TEXT = {live: "live", stalled: "no new data", finished: "finished", failed: "failed",
   interrupted: "interrupted", terminated: "terminated", aborted: "aborted", unknown: "unknown"};
 const VERDICT_ADVICE = {
@@ -407,6 +408,7 @@ function drawChart() {
     window.Plotly.purge(ui.plot);
     return;
   }
+  ROWS = chartRows(columns);
   const figure = {data: [], layout: baseLayout(columns)};
   const legend = new Set();
   columns.forEach((result, c) => addColumn(figure, result, c, columns.length, legend));
@@ -422,6 +424,19 @@ function drawChart() {
 
 function axisId(prefix, n) {
   return n === 1 ? prefix : `${prefix}${n}`;
+}
+
+// One utilization row per GPU (as many as the run with the most GPUs), on the shared time axis.
+function chartRows(columns) {
+  const count = Math.max(1, ...columns.map((result) => result.timeline.gpus.length));
+  const [lo, hi] = GPU_DOMAIN;
+  const gap = 0.02;
+  const height = (hi - lo - gap * (count - 1)) / count;
+  const first = columns[0]?.timeline.gpus || [];
+  const gpuRows = Array.from({length: count}, (_, g) => ({
+    title: count === 1 ? "GPU util (%) · idle gaps" : `GPU ${first[g]?.index ?? g} util (%)`,
+    domain: [hi - (g + 1) * height - g * gap, hi - g * height - g * gap], gpu: true}));
+  return [...gpuRows, ...STEP_ROWS];
 }
 
 function baseLayout(columns) {
@@ -453,7 +468,10 @@ function baseLayout(columns) {
         zeroline: false, showline: true, linecolor: "#cbd5e1", rangemode: "tozero"};
       if (c === 0) yaxis.title = {text: row.title, font: {size: 11}};
       if (c > 0) yaxis.matches = axisId("y", r * count + 1);
-      if (r === 0) Object.assign(yaxis, {range: [0, lane ? 114 : 105], tickvals: [0, 20, 40, 60, 80, 100]});
+      if (row.gpu) {
+        const top = r === 0 && lane ? 114 : 105;
+        Object.assign(yaxis, {range: [0, top], tickvals: ROWS[1]?.gpu ? [0, 50, 100] : [0, 20, 40, 60, 80, 100]});
+      }
       else yaxis.autorange = true;
       layout[axisId("xaxis", n)] = xaxis;
       layout[axisId("yaxis", n)] = yaxis;
@@ -471,16 +489,20 @@ function addColumn(figure, result, c, count, legend) {
   const span = state.view ? state.view[1] - state.view[0] : Math.max(timeline.extent.end, 1e-3);
   const minWidth = span / Math.max(300, ui.plot.clientWidth / count) * 1.5; // keep short gaps visible
 
-  // Row 1: idle gaps as bands (a binned band's height is the share of its bucket that was idle), then lines.
+  // GPU rows: each GPU's idle gaps as bands (a binned band's height is the share of its bucket that was idle),
+  // then its utilization line. Gaps from step phases (no GPU) go on the first row.
   const gaps = timeline.gaps;
-  for (const [cause, style] of Object.entries(CAUSES)) {
+  const gpuCount = ROWS.filter((row) => row.gpu).length;
+  const gpuRow = new Map(timeline.gpus.map((gpu, i) => [gpu.index, Math.min(i, gpuCount - 1)]));
+  const rowOf = (device) => (device === null ? 0 : gpuRow.get(device) ?? 0);
+  for (const [cause, style] of Object.entries(CAUSES)) for (let r = 0; r < gpuCount; r++) {
     const xs = [];
     const ys = [];
     const mx = [];
     const my = [];
     const text = [];
     gaps.cause.forEach((kind, i) => {
-      if (kind !== cause) return;
+      if (kind !== cause || rowOf(gaps.device[i]) !== r) return;
       const start = gaps.start[i];
       const end = Math.max(gaps.end[i], start + minWidth);
       const top = 100 * gaps.share[i];
@@ -496,21 +518,22 @@ function addColumn(figure, result, c, count, legend) {
     if (!xs.length) continue;
     figure.data.push({type: "scatter", mode: "lines", x: xs, y: ys, fill: "toself", fillcolor: style.color,
       line: {width: 0}, hoverinfo: "skip", name: `idle: ${style.label}`, legendgroup: `gap-${cause}`,
-      showlegend: once(`gap-${cause}`), ...axes(0)});
+      showlegend: once(`gap-${cause}`), ...axes(r)});
     figure.data.push({type: "scatter", mode: "markers", x: mx, y: my, marker: {opacity: 0, size: 10},
-      text, hovertemplate: "%{text}<extra></extra>", showlegend: false, legendgroup: `gap-${cause}`, ...axes(0)});
+      text, hovertemplate: "%{text}<extra></extra>", showlegend: false, legendgroup: `gap-${cause}`, ...axes(r)});
   }
   timeline.gpus.forEach((gpu, i) => {
     const color = COLORS.gpu[i % COLORS.gpu.length];
     const label = `GPU ${gpu.index}`;
     figure.data.push({type: "scatter", mode: "lines", x: gpu.util.time, y: gpu.util.value, name: `${label} utilization`,
       line: {color, width: 1.5}, legendgroup: `gpu-${gpu.index}`, showlegend: once(`gpu-${gpu.index}`),
-      hovertemplate: `${plotlyText(gpu.name)}<br>%{y:.0f}% at %{x:.2f} s<extra>${label}</extra>`, ...axes(0)});
+      hovertemplate: `${plotlyText(gpu.name)}<br>%{y:.0f}% at %{x:.2f} s<extra>${label}</extra>`,
+      ...axes(rowOf(gpu.index))});
     if (gpu.sm_activity) {
       figure.data.push({type: "scatter", mode: "lines", x: gpu.sm_activity.time, y: gpu.sm_activity.value,
         name: `${label} SM activity`, line: {color, width: 1, dash: "dot"}, legendgroup: `sm-${gpu.index}`,
         showlegend: once(`sm-${gpu.index}`), hovertemplate: `SM activity %{y:.0f}% at %{x:.2f} s<extra>${label}</extra>`,
-        ...axes(0)});
+        ...axes(rowOf(gpu.index))});
     }
   });
   const unmeasured = timeline.gpus.filter((gpu) => gpu.utilization !== "nvml" && gpu.utilization !== "gpm");
@@ -523,7 +546,8 @@ function addColumn(figure, result, c, count, legend) {
       font: {size: 11, color: "#64748b"}, bgcolor: "rgba(255,255,255,0.8)"});
   }
 
-  // Rows 2 and 3: per-step input wait + compute, and host gaps.
+  // The step rows: per-step input wait + compute, and host gaps.
+  const stepRow = gpuCount;
   const steps = timeline.steps;
   const bars = !steps.downsampled && steps.time.length <= BAR_LIMIT;
   const hover = (what) => `step %{customdata}<br>${what} %{y:.2f} ms at %{x:.2f} s<extra></extra>`;
@@ -538,15 +562,15 @@ function addColumn(figure, result, c, count, legend) {
     return {...trace, type: "scatter", mode: "lines", x: steps.time, line: {color, width: 1}};
   };
   if (steps.input_wait_ms.some((v) => v !== null)) {
-    figure.data.push(series("input wait", steps.input_wait_ms, COLORS.wait, 1, "wait"));
+    figure.data.push(series("input wait", steps.input_wait_ms, COLORS.wait, stepRow, "wait"));
   }
-  figure.data.push(series("compute", steps.compute_ms, COLORS.compute, 1, "compute"));
-  const hostBars = series("host gap", steps.host_gap_ms, COLORS.host, 2, "host");
+  figure.data.push(series("compute", steps.compute_ms, COLORS.compute, stepRow, "compute"));
+  const hostBars = series("host gap", steps.host_gap_ms, COLORS.host, stepRow + 1, "host");
   if (bars) hostBars.x = steps.time; // the gap ends where the step begins
   figure.data.push(hostBars);
   if (!steps.total) {
-    figure.layout.annotations.push({text: "no training steps in this range", xref: `${ref("x", 1)} domain`,
-      yref: `${ref("y", 1)} domain`, x: 0.5, y: 0.5, showarrow: false, font: {color: "#94a3b8"}});
+    figure.layout.annotations.push({text: "no training steps in this range", xref: `${ref("x", stepRow)} domain`,
+      yref: `${ref("y", stepRow)} domain`, x: 0.5, y: 0.5, showarrow: false, font: {color: "#94a3b8"}});
   }
 
   // Phases (validation, epoch ends, warm-up) shade the whole column; a binned one fades with its share.
@@ -561,14 +585,16 @@ function addColumn(figure, result, c, count, legend) {
       legendgroup: `phase-${kind}`, showlegend: once(`phase-${kind}`)});
   });
 
-  // The gpu_util_low threshold now saved (or the default) on the utilization row.
+  // The gpu_util_low threshold now saved (or the default) on each utilization row.
   const low = currentThresholds()?.gpu_util_low;
-  if (timeline.gpus.length && low?.enabled) {
-    figure.layout.shapes.push({type: "line", layer: "above", xref: `${ref("x", 0)} domain`, yref: ref("y", 0),
-      x0: 0, x1: 1, y0: low.pct, y1: low.pct, line: {color: ALERT.color, width: 1.2, dash: "dash"},
-      label: {text: `gpu_util_low < ${short(low.pct)}%`, textposition: "end", yanchor: "bottom",
-        font: {size: 10, color: ALERT.color}},
-      name: "gpu_util_low threshold", legendgroup: "threshold", showlegend: once("threshold")});
+  if (low?.enabled) {
+    new Set(timeline.gpus.map((gpu) => rowOf(gpu.index))).forEach((r) => {
+      figure.layout.shapes.push({type: "line", layer: "above", xref: `${ref("x", r)} domain`, yref: ref("y", r),
+        x0: 0, x1: 1, y0: low.pct, y1: low.pct, line: {color: ALERT.color, width: 1.2, dash: "dash"},
+        label: {text: `gpu_util_low < ${short(low.pct)}%`, textposition: "end", yanchor: "bottom",
+          font: {size: 10, color: ALERT.color}},
+        name: "gpu_util_low threshold", legendgroup: "threshold", showlegend: once("threshold")});
+    });
   }
   addAlerts(figure, result, ref("x", 0), ref("y", 0), minWidth, once);
 }
