@@ -165,6 +165,7 @@ def _column_stat(stats: np.ndarray, column: str, reduce: Any) -> float | None:
 
 
 def _percentiles(values: np.ndarray) -> dict[str, float | None]:
+    values = values[~np.isnan(values)]  # fits without input timing mixed with fits with it
     if not len(values):
         return {"median": None, "p90": None}
     return {"median": _round(float(np.median(values))), "p90": _round(float(np.percentile(values, 90)))}

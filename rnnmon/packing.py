@@ -3,21 +3,22 @@
 Version 1 stored every table as float64 `[rows, columns]`: 56 bytes per step. Version 2 packs a chunk into a
 little-endian blob, stored as a scalar `DT_STRING` tensor:
 
-    header  (24 bytes): magic b"rnm2", layout id (uint8), 3 pad bytes, rows (uint32), exceptions (uint32),
-                        anchor (float64, Unix seconds)
-    rows    rows × the layout's row size
-    exceptions (steps only) exceptions × 8 float64: (row, step, epoch, begin, end, input_wait_ms, host_gap_ms,
-                        batches), the whole v1 row for each step the compact row cannot carry
+    header  (24 bytes): magic b"rnm2", layout id (uint8; +128 when the body is zlib-compressed), 3 pad bytes,
+                        rows (uint32), exceptions (uint32), anchor (float64, Unix seconds)
+    body    rows × the layout's row size, then (steps only) exceptions × 8 float64: (row, step, epoch, begin,
+                        end, input_wait_ms, host_gap_ms, batches), the whole v1 row of each step the compact
+                        row cannot carry; zlib-compressed (level 1) when that saves a tenth or more
 
 Times are integer microseconds from the anchor, durations integer microseconds. A steps row is 12 bytes
 (duration, input wait, host gap: int32 µs, input wait −1 when not measured); the step number, epoch, batches,
 begin and end follow from the previous row (begin = previous end + host gap). A row where that does not hold
 (each chunk's first step, a new fit or epoch, a different batch count) is an exception. Other tables have no
-exceptions: a chunk that does not fit its layout (a time beyond ±35 minutes of the anchor, a non-integer
+exceptions: a chunk that does not fit its layout (a time over 35 minutes after the chunk's first, a non-integer
 utilization) is written as a version-1 float64 table instead, and readers take both.
 
-Decoding allocates only in proportion to the blob's own length, after checking that length against the
-header, so a damaged or hostile record cannot claim more memory than it occupies.
+Decoding checks the body's length against the header before it allocates anything (a compressed body is
+inflated no further than the header's rows allow, at most `MAX_ROWS` of them), so a damaged or hostile record
+cannot claim more memory than a legitimate chunk.
 
 Example:
     >>> blob = encode(STEPS_TAG, rows)            # None when the chunk must stay float64
@@ -27,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import struct
+import zlib
 
 import numpy as np
 
@@ -36,6 +38,8 @@ MAGIC = b"rnm2"
 MAX_ROWS = 1 << 16  # rows in one chunk; the writer splits larger chunks
 _HEAD = struct.Struct("<4sB3xIId")
 _I32 = 2**31 - 1
+_ZLIB = 0x80  # layout flag: the body is zlib-compressed
+_MIN_COMPRESS_BYTES = 256
 _US = 1e6
 
 
@@ -113,7 +117,7 @@ def encode(tag: str, rows: np.ndarray) -> bytes | None:
         if code in ("t", "d") and not (np.isfinite(stored).all() and stored.min() >= 0 and stored.max() <= _I32):
             return None
         out[name] = stored
-    return _HEAD.pack(MAGIC, layout_id, len(rows), 0, anchor) + out.tobytes()
+    return _pack(layout_id, len(rows), 0, anchor, out.tobytes())
 
 
 def decode(tag: str, blob: bytes) -> np.ndarray:
@@ -125,17 +129,20 @@ def decode(tag: str, blob: bytes) -> np.ndarray:
         raise FormatError("packed chunk without the rnm2 magic")
     if rows > MAX_ROWS or exceptions > rows or not np.isfinite(anchor):
         raise FormatError(f"packed chunk header claims {rows} rows, {exceptions} exceptions, anchor {anchor}")
+    compressed, layout_id = bool(layout_id & _ZLIB), layout_id & ~_ZLIB
     if tag == md.STEPS_TAG:
         if layout_id != _STEPS_LAYOUT:
             raise FormatError(f"layout {layout_id} where steps (1) belong")
-        return _decode_steps(blob, rows, exceptions, anchor)
+        width = len(md.STEP_COLUMNS)
+        body = _body(blob, compressed, rows * _STEP_ROW.itemsize + exceptions * 8 * (width + 1))
+        return _decode_steps(body, rows, exceptions)
     layout = _layout(tag)
     if layout is None or layout[0] != layout_id:
         raise FormatError(f"layout {layout_id} does not belong to {tag}")
+    if exceptions:
+        raise FormatError(f"{exceptions} exceptions in a layout that has none")
     dtype = _row_dtype(layout[1])
-    if exceptions or len(blob) != _HEAD.size + rows * dtype.itemsize:
-        raise FormatError(f"packed chunk of {len(blob)} bytes does not hold {rows} rows of {dtype.itemsize}")
-    packed = np.frombuffer(blob, dtype=dtype, offset=_HEAD.size, count=rows)
+    packed = np.frombuffer(_body(blob, compressed, rows * dtype.itemsize), dtype=dtype)
     out = np.empty((rows, len(layout[1])))
     time_us = None
     for i, (name, code) in enumerate(layout[1].items()):
@@ -172,20 +179,44 @@ def _encode_steps(rows: np.ndarray) -> bytes | None:
     compact["host_gap_us"] = np.where(regular, gap, 0)
     irregular = np.flatnonzero(~regular)
     exceptions = np.column_stack([irregular, rows[irregular]]).astype("<f8")
-    return (_HEAD.pack(MAGIC, _STEPS_LAYOUT, len(rows), len(irregular), anchor) + compact.tobytes()
-            + exceptions.tobytes())
+    return _pack(_STEPS_LAYOUT, len(rows), len(irregular), anchor, compact.tobytes() + exceptions.tobytes())
 
 
-def _decode_steps(blob: bytes, rows: int, exceptions: int, anchor: float) -> np.ndarray:
+def _pack(layout_id: int, rows: int, exceptions: int, anchor: float, body: bytes) -> bytes:
+    if len(body) >= _MIN_COMPRESS_BYTES:
+        compressed = zlib.compress(body, 1)
+        if len(compressed) <= 0.9 * len(body):
+            return _HEAD.pack(MAGIC, layout_id | _ZLIB, rows, exceptions, anchor) + compressed
+    return _HEAD.pack(MAGIC, layout_id, rows, exceptions, anchor) + body
+
+
+def _body(blob: bytes, compressed: bool, expected: int) -> bytes:
+    """The uncompressed body, checked to be exactly `expected` bytes (inflating no further than that)."""
+    body = memoryview(blob)[_HEAD.size:]
+    if compressed:
+        inflater = zlib.decompressobj()
+        try:
+            body = inflater.decompress(body, expected + 1)
+        except zlib.error as error:
+            raise FormatError(f"packed chunk body does not inflate: {error}") from None
+        if not inflater.eof or inflater.unused_data:
+            raise FormatError(f"packed chunk body inflates past its {expected} bytes, or stops short")
+    if len(body) != expected:
+        raise FormatError(f"packed chunk body of {len(body)} bytes where the header implies {expected}")
+    return bytes(body)
+
+
+def _decode_steps(body: bytes, rows: int, exceptions: int) -> np.ndarray:
     width = len(md.STEP_COLUMNS)
-    if len(blob) != _HEAD.size + rows * _STEP_ROW.itemsize + exceptions * 8 * (width + 1):
-        raise FormatError(f"packed steps chunk of {len(blob)} bytes does not hold {rows} rows and "
-                          f"{exceptions} exceptions")
     if rows == 0:
         return np.empty((0, width))
-    compact = np.frombuffer(blob, dtype=_STEP_ROW, offset=_HEAD.size, count=rows)
-    extra = np.frombuffer(blob, dtype="<f8", offset=_HEAD.size + rows * _STEP_ROW.itemsize,
-                          count=exceptions * (width + 1)).reshape(exceptions, width + 1)
+    if rows == exceptions:  # every row whole (a chunk of one step, say): nothing to rebuild
+        whole = np.frombuffer(body, dtype="<f8", offset=rows * _STEP_ROW.itemsize).reshape(rows, width + 1)
+        if (whole[:, 0] != np.arange(rows)).any():
+            raise FormatError("packed steps chunk whose exception rows are not the row numbers 0, 1, ...")
+        return whole[:, 1:].copy()
+    compact = np.frombuffer(body, dtype=_STEP_ROW, count=rows)
+    extra = np.frombuffer(body, dtype="<f8", offset=rows * _STEP_ROW.itemsize).reshape(exceptions, width + 1)
     at = extra[:, 0]
     if not exceptions or at[0] != 0 or not (np.diff(at) > 0).all() or at[-1] >= rows or (at != np.rint(at)).any():
         raise FormatError("packed steps chunk whose exception rows are not increasing row numbers from 0")

@@ -6,8 +6,9 @@ that fails a check is dropped and named in the run's `errors`, and the rest of t
 still reads. Event files are walked record by record with their checksums (`rnnmon.eventfile`), so a
 truncated or bit-flipped file is an error of its run, not silent partial data.
 
-A `RunReader` keeps what it decoded. Each update decodes only chunks it has not seen (per tag, keyed by the
-chunk's event step, which rnnmon makes strictly increasing) and appends them to tables that grow in place, so
+A `RunReader` keeps what it decoded. Each update decodes only chunks it has not seen (from the provider: per tag,
+keyed by the datum's step and wall time; from files: the bytes after those already read) and appends them, in
+step order, to tables that grow in place, so
 reloading a live million-step run costs the new chunks, not the run. It reads either TensorBoard's data provider
 (`update_from_provider`) or the run's event files directly (`update_from_files`: no TensorFlow, checksums
 verified, only new bytes of each file read).
@@ -78,7 +79,7 @@ class _Table:
 
     def add(self, step: int, rows: np.ndarray) -> None:
         count = len(rows)
-        if not self._steps or step > self._steps[-1]:
+        if not self._steps or step >= self._steps[-1]:
             if self._size + count > len(self._rows):
                 grown = np.empty((max(2 * len(self._rows), self._size + count, 256), self._rows.shape[1]))
                 grown[: self._size] = self._rows[: self._size]
@@ -106,13 +107,15 @@ class RunReader:
     def __init__(self, run: str) -> None:
         self.run = run
         self._content: dict[str, dict[str, Any] | None] = {}  # tag -> its JSON content; None: not rnnmon's
-        self._seen: dict[str, set[int]] = {}
+        self._seen: dict[str, set[tuple[int, float]]] = {}  # per tag: provider datums decoded
         self._tables: dict[str, _Table] = {}
         self._documents: dict[str, list[tuple[int, Any]]] = {}
         self._fits: set[tuple[Any, Any]] = set()
         self._errors: dict[str, None] = {}
         self._last_write = 0.0
         self._offsets: dict[str, int] = {}
+        self._staged: dict[str, list[tuple[int, np.ndarray]]] = {}
+        self.chunks_decoded = 0  # values decoded so far: an update adds only the new ones
 
     # --- sources -----------------------------------------------------------------------------------------
     def update_from_provider(self, provider: Any, ctx: Any, experiment_id: str = "") -> RunData:
@@ -134,10 +137,11 @@ class RunReader:
             seen = self._seen.setdefault(tag, set())
             for datum in data.get(tag, []):
                 self._last_write = max(self._last_write, datum.wall_time)
-                if datum.step not in seen:
-                    seen.add(datum.step)
+                key = (datum.step, datum.wall_time)  # two writers may stamp the same step, never the same time too
+                if key not in seen:
+                    seen.add(key)
                     self._add(tag, datum.step, lambda d=datum: _raw_from_array(d.numpy))
-        return self.data()
+        return self._commit()
 
     def update_from_files(self, run_dir: str) -> RunData:
         """Read the run's event files in `run_dir` directly: new files and the new bytes of known ones."""
@@ -170,7 +174,7 @@ class RunReader:
                     continue
                 if event.HasField("summary"):
                     self._add_event(event)
-        return self.data()
+        return self._commit()
 
     def _add_event(self, event: Any) -> None:
         for value in event.summary.value:
@@ -181,14 +185,11 @@ class RunReader:
             if self._content[tag] is None:
                 continue  # not rnnmon's (its scalars, another plugin)
             self._last_write = max(self._last_write, event.wall_time)
-            seen = self._seen.setdefault(tag, set())
-            if event.step in seen:
-                continue
-            seen.add(event.step)
             self._add(tag, event.step, lambda v=value: _raw_from_proto(v.tensor) if v.HasField("tensor") else None)
 
     # --- decoding ----------------------------------------------------------------------------------------
     def _add(self, tag: str, step: int, raw: Any) -> None:
+        self.chunks_decoded += 1
         try:
             value = raw()
             if value is None:
@@ -202,11 +203,30 @@ class RunReader:
             if tag.startswith((md.UTIL_TAG_PREFIX, md.STATS_TAG_PREFIX)) and md.device_of(tag) is None:
                 raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
             rows = _decode_table(tag, value, len(columns))
-            _check_rows(tag, rows)
         except (InvalidRecord, packing.FormatError, ValueError, TypeError, UnicodeDecodeError) as error:
             self._error(f"{tag} at step {step}: {error}")
             return
-        self._tables.setdefault(tag, _Table(len(columns))).add(step, rows)
+        self._staged.setdefault(tag, []).append((step, rows))
+
+    def _commit(self) -> RunData:
+        """Check the chunks decoded by this update, one pass per tag, and append the valid ones."""
+        for tag, chunks in self._staged.items():
+            try:
+                _check_rows(tag, np.concatenate([rows for _, rows in chunks]))
+                valid = chunks
+            except InvalidRecord:  # rare: find the culprits one by one
+                valid = []
+                for step, rows in chunks:
+                    try:
+                        _check_rows(tag, rows)
+                        valid.append((step, rows))
+                    except InvalidRecord as error:
+                        self._error(f"{tag} at step {step}: {error}")
+            table = self._tables.setdefault(tag, _Table(len(md.columns_for(tag) or ())))
+            for step, rows in valid:
+                table.add(step, rows)
+        self._staged = {}
+        return self.data()
 
     def _add_document(self, tag: str, step: int, doc: Any) -> None:
         if tag == md.RUN_TAG:

@@ -63,3 +63,43 @@ def test_missing_and_empty_logdirs_get_clear_messages(tmp_path):
     assert missing.returncode == 2 and "no such log directory" in missing.stderr
     empty = _report(str(tmp_path))
     assert empty.returncode == 0 and "No rnnmon data found" in empty.stdout
+
+
+def test_report_never_imports_tensorflow(logdir):
+    code = ("import sys; from rnnmon.cli import main; main(['report', sys.argv[1], '--json']); "
+            "assert 'tensorflow' not in sys.modules, 'rnnmon report imported tensorflow'")
+    result = subprocess.run([sys.executable, "-c", code, str(logdir)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["runs"]
+
+
+def test_json_summarizes_gaps_and_gaps_all_lists_every_one(logdir):
+    slow = {run["run"]: run for run in json.loads(_report(str(logdir), "--json").stdout)["runs"]}["slow/rnnmon"]
+    count = slow["idle_gap_count"]
+    assert count > 20 and len(slow["idle_gaps"]) == 20  # one gap per stalled step; the longest 20 listed
+    durations = [gap["duration_s"] for gap in slow["idle_gaps"]]
+    assert durations == sorted(durations, reverse=True)
+    assert sum(bin["count"] for bin in slow["idle_gap_histogram"]) == count
+    assert slow["idle_gaps_by_cause"]["input"]["count"] + slow["idle_gaps_by_cause"]["host"]["count"] > 0
+    assert sum(cause["count"] for cause in slow["idle_gaps_by_cause"].values()) == count
+    every = {run["run"]: run for run in json.loads(_report(str(logdir), "--json", "--gaps", "all").stdout)["runs"]}
+    starts = [gap["start"] for gap in every["slow/rnnmon"]["idle_gaps"]]
+    assert len(starts) == count and starts == sorted(starts)
+    text = _report(str(logdir), "--gaps", "all").stdout
+    assert sum(" ms  cause " in line for line in text.splitlines()) == count + (
+        every["short/rnnmon"]["idle_gap_count"])
+
+
+def test_text_report_escapes_control_characters_in_names(tmp_path):
+    import numpy as np
+
+    from rnnmon import metadata as md
+    from rnnmon.writer import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "evil\x1b]0;owned\x07\x1b[2J" / "rnnmon"))
+    writer.json(md.RUN_TAG, {"status": "finished\x1b[31m", "backend": "tensorflow"})
+    writer.table(md.STEPS_TAG, np.array([[1, 0, 10.0, 10.5, 1.0, np.nan, 1]]))
+    writer.close()
+    text = _report(str(tmp_path)).stdout
+    assert "\x1b" not in text and "\x07" not in text
+    assert "evil\\x1b]0;owned\\x07\\x1b[2J" in text and "finished\\x1b[31m" in text
