@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import time
 
 import numpy as np
@@ -42,7 +43,8 @@ def _event(tag: str, tensor: tensor_pb2.TensorProto, step: int, plugin: str = md
     value.metadata.plugin_data.plugin_name = plugin
     value.metadata.plugin_data.content = content
     value.metadata.data_class = summary_pb2.DATA_CLASS_TENSOR
-    return event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=[value])).SerializeToString()
+    event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=[value]))
+    return event.SerializeToString()
 
 
 def _double(rows: np.ndarray, shape: list[int] | None = None) -> tensor_pb2.TensorProto:
@@ -192,7 +194,7 @@ def test_ten_thousand_files_read_in_seconds(tmp_path):
     writer.table(md.STEPS_TAG, _steps(3))
     writer.close()
     template = _one_file(run_dir)
-    data = open(template, "rb").read()
+    data = pathlib.Path(template).read_bytes()
     for i in range(1, 10_000):
         with open(f"{template}.{i:05d}", "wb") as f:
             f.write(data)
@@ -243,7 +245,7 @@ def test_scan_resumes_after_a_half_written_record(tmp_path):
         out.add(b"one")
         out.add(b"two")
     path = out.path
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     with open(path, "wb") as f:
         f.write(data[:-5])
     first = scan_records(path)
