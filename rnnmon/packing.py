@@ -40,6 +40,7 @@ _HEAD = struct.Struct("<4sB3xIId")
 _I32 = 2**31 - 1
 _ZLIB = 0x80  # layout flag: the body is zlib-compressed
 _MIN_COMPRESS_BYTES = 256
+_EXCEPTION_BYTES = 8 * (len(md.STEP_COLUMNS) + 1)
 _US = 1e6
 
 
@@ -122,6 +123,45 @@ def encode(tag: str, rows: np.ndarray) -> bytes | None:
 
 def decode(tag: str, blob: bytes) -> np.ndarray:
     """float64 `[rows, columns]` (v1 columns) from a packed chunk of `tag`; FormatError when it is not one."""
+    table, _, errors = decode_many(tag, [blob])
+    if errors:
+        raise errors[0][1]
+    return table
+
+
+Decoded = tuple[np.ndarray, list[tuple[int, int]], list[tuple[int, FormatError]]]
+
+
+def decode_many(tag: str, blobs: list[bytes]) -> Decoded:
+    """Chunks of one tag decoded with the arithmetic done once for all of them.
+
+    Returns the rows of the chunks that decode, concatenated in order; (index in `blobs`, row count) of each of
+    them; and (index, error) of each that does not.
+    """
+    errors: list[tuple[int, FormatError]] = []
+    parts = []
+    for index, blob in enumerate(blobs):
+        try:
+            parts.append((index, *_unpack(tag, blob)))
+        except FormatError as error:
+            errors.append((index, error))
+    try:
+        table = _rebuild(tag, parts)
+    except FormatError:  # one of them is bad: rebuild them one by one to say which
+        tables = []
+        for part in list(parts):
+            try:
+                tables.append(_rebuild(tag, [part]))
+            except FormatError as error:
+                errors.append((part[0], error))
+                parts.remove(part)
+        errors.sort(key=lambda pair: pair[0])
+        table = np.concatenate(tables) if tables else _rebuild(tag, [])
+    return table, [(index, rows) for index, _, rows, _, _ in parts], errors
+
+
+def _unpack(tag: str, blob: bytes) -> tuple[bytes, int, int, float]:
+    """(body, rows, exceptions, anchor) of one chunk, its header and body size checked."""
     if len(blob) < _HEAD.size:
         raise FormatError(f"packed chunk of {len(blob)} bytes is shorter than its header")
     magic, layout_id, rows, exceptions, anchor = _HEAD.unpack_from(blob)
@@ -133,28 +173,37 @@ def decode(tag: str, blob: bytes) -> np.ndarray:
     if tag == md.STEPS_TAG:
         if layout_id != _STEPS_LAYOUT:
             raise FormatError(f"layout {layout_id} where steps (1) belong")
-        width = len(md.STEP_COLUMNS)
-        body = _body(blob, compressed, rows * _STEP_ROW.itemsize + exceptions * 8 * (width + 1))
-        return _decode_steps(body, rows, exceptions)
-    layout = _layout(tag)
-    if layout is None or layout[0] != layout_id:
-        raise FormatError(f"layout {layout_id} does not belong to {tag}")
-    if exceptions:
-        raise FormatError(f"{exceptions} exceptions in a layout that has none")
-    dtype = _row_dtype(layout[1])
-    packed = np.frombuffer(_body(blob, compressed, rows * dtype.itemsize), dtype=dtype)
-    out = np.empty((rows, len(layout[1])))
-    time_us = None
-    for i, (name, code) in enumerate(layout[1].items()):
+        expected = rows * _STEP_ROW.itemsize + exceptions * _EXCEPTION_BYTES
+    else:
+        layout = _layout(tag)
+        if layout is None or layout[0] != layout_id:
+            raise FormatError(f"layout {layout_id} does not belong to {tag}")
+        if exceptions:
+            raise FormatError(f"{exceptions} exceptions in a layout that has none")
+        expected = rows * _row_dtype(layout[1]).itemsize
+    return _body(blob, compressed, expected), rows, exceptions, anchor
+
+
+def _rebuild(tag: str, parts: list[tuple[int, bytes, int, int, float]]) -> np.ndarray:
+    """The float64 table of unpacked chunks, concatenated."""
+    if not parts:
+        return np.empty((0, len(md.columns_for(tag) or ())))
+    counts = np.array([rows for _, _, rows, _, _ in parts], dtype=np.int64)
+    if tag == md.STEPS_TAG:
+        return _rebuild_steps(parts, counts)
+    fields = _layout(tag)[1]  # type: ignore[index]  # _unpack checked the layout
+    packed = np.frombuffer(b"".join(body for _, body, _, _, _ in parts), dtype=_row_dtype(fields))
+    anchor = np.repeat([anchor for *_, anchor in parts], counts)
+    table = np.empty((len(packed), len(fields)))
+    time_us = packed[next(name for name, code in fields.items() if code == "t")].astype(np.float64)
+    for i, (name, code) in enumerate(fields.items()):
         if code == "t":
-            time_us = packed[name].astype(np.float64)
-            out[:, i] = anchor + time_us / _US
-    for i, (name, code) in enumerate(layout[1].items()):
-        if code == "d":
-            out[:, i] = anchor + (time_us + packed[name]) / _US
-        elif code != "t":
-            out[:, i] = packed[name]
-    return out
+            table[:, i] = anchor + time_us / _US
+        elif code == "d":
+            table[:, i] = anchor + (time_us + packed[name]) / _US
+        else:
+            table[:, i] = packed[name]
+    return table
 
 
 def _encode_steps(rows: np.ndarray) -> bytes | None:
@@ -206,33 +255,35 @@ def _body(blob: bytes, compressed: bool, expected: int) -> bytes:
     return bytes(body)
 
 
-def _decode_steps(body: bytes, rows: int, exceptions: int) -> np.ndarray:
+def _rebuild_steps(parts: list[tuple[int, bytes, int, int, float]], counts: np.ndarray) -> np.ndarray:
     width = len(md.STEP_COLUMNS)
-    if rows == 0:
-        return np.empty((0, width))
-    if rows == exceptions:  # every row whole (a chunk of one step, say): nothing to rebuild
-        whole = np.frombuffer(body, dtype="<f8", offset=rows * _STEP_ROW.itemsize).reshape(rows, width + 1)
-        if (whole[:, 0] != np.arange(rows)).any():
-            raise FormatError("packed steps chunk whose exception rows are not the row numbers 0, 1, ...")
-        return whole[:, 1:].copy()
-    compact = np.frombuffer(body, dtype=_STEP_ROW, count=rows)
-    extra = np.frombuffer(body, dtype="<f8", offset=rows * _STEP_ROW.itemsize).reshape(exceptions, width + 1)
+    compact = np.frombuffer(b"".join(body[: rows * _STEP_ROW.itemsize] for _, body, rows, _, _ in parts),
+                            dtype=_STEP_ROW)
+    extra = np.frombuffer(b"".join(body[rows * _STEP_ROW.itemsize:] for _, body, rows, _, _ in parts),
+                          dtype="<f8").reshape(-1, width + 1)
+    per_chunk = np.array([exceptions for _, _, _, exceptions, _ in parts], dtype=np.int64)
+    chunk = np.repeat(np.arange(len(parts)), per_chunk)
     at = extra[:, 0]
-    if not exceptions or at[0] != 0 or not (np.diff(at) > 0).all() or at[-1] >= rows or (at != np.rint(at)).any():
+    first = np.r_[0, np.cumsum(per_chunk)[:-1]]  # each chunk's first exception
+    ordered = np.r_[True, (np.diff(at) > 0) | (np.diff(chunk) > 0)]
+    if ((per_chunk == 0) & (counts > 0)).any() or (at[first[per_chunk > 0]] != 0).any() or not ordered.all() \
+            or (at >= counts[chunk]).any() or (at != np.rint(at)).any():
         raise FormatError("packed steps chunk whose exception rows are not increasing row numbers from 0")
-    at = at.astype(np.int64)
     whole = extra[:, 1:]
-    if not (np.isfinite(whole[:, [0, 1, 2, 3, 6]]).all()):
+    if not np.isfinite(whole[:, [0, 1, 2, 3, 6]]).all():
         raise FormatError("packed steps chunk with a non-finite step, epoch, time or batch count")
-    segment = np.cumsum(np.isin(np.arange(rows), at)) - 1  # the exception each row follows
+    rows = len(compact)
+    at = at.astype(np.int64) + np.r_[0, np.cumsum(counts)[:-1]][chunk]  # row numbers in the concatenation
+    starts = np.zeros(rows, dtype=np.int64)
+    starts[at] = 1
+    segment = np.cumsum(starts) - 1  # the exception each row follows
     duration = compact["duration_us"].astype(np.int64)
     gap = compact["host_gap_us"].astype(np.int64)
-    since = np.cumsum(np.where(segment >= 0, gap + duration, 0))
+    since = np.cumsum(gap + duration)
     since -= since[at][segment]  # µs from the segment's exception's end to this row's end
     out = np.empty((rows, width))
     base = whole[segment]
-    offset_in_segment = np.arange(rows) - at[segment]
-    out[:, 0] = base[:, 0] + offset_in_segment * base[:, 6]
+    out[:, 0] = base[:, 0] + (np.arange(rows) - at[segment]) * base[:, 6]
     out[:, 1] = base[:, 1]
     out[:, 3] = base[:, 3] + since / _US
     out[:, 2] = out[:, 3] - duration / _US

@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import numpy as np
+from tensorboard.compat.proto import types_pb2
 
 from rnnmon import metadata as md
 from rnnmon import packing
@@ -42,6 +43,7 @@ MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a f
 TAIL_GRACE_S = 10.0  # a file that ends inside a record for longer than this is truncated, not being written
 EVENT_FILE_MARK = "tfevents"
 _SEVERITIES = ("info", "warning", "critical")
+_UNSEEN: dict[str, Any] = {}
 
 
 @dataclasses.dataclass
@@ -96,6 +98,17 @@ class _Table:
             for i in range(at + 1, len(self._starts)):
                 self._starts[i] += count
         self._size += count
+
+    def extend(self, steps: list[int], rows: np.ndarray, counts: list[int]) -> None:
+        """Add consecutive chunks (`counts[i]` rows at event step `steps[i]`) held in one array."""
+        if not self._steps and steps == sorted(steps):  # a first read: keep the array as it is
+            self._rows, self._size = rows, len(rows)
+            self._steps, self._starts = list(steps), [int(s) for s in np.cumsum([0, *counts[:-1]])]
+            return
+        start = 0
+        for step, count in zip(steps, counts):
+            self.add(step, rows[start:start + count])
+            start += count
 
     def view(self) -> np.ndarray:
         return self._rows[: self._size]
@@ -179,10 +192,11 @@ class RunReader:
     def _add_event(self, event: Any) -> None:
         for value in event.summary.value:
             tag = value.tag
-            if tag not in self._content or (self._content[tag] is None and value.HasField("metadata")):
+            content = self._content.get(tag, _UNSEEN)
+            if content is _UNSEEN or (content is None and value.HasField("metadata")):
                 is_ours = value.metadata.plugin_data.plugin_name == md.PLUGIN_NAME
-                self._content[tag] = md.parse_content(value.metadata.plugin_data.content) if is_ours else None
-            if self._content[tag] is None:
+                content = self._content[tag] = md.parse_content(value.metadata.plugin_data.content) if is_ours else None
+            if content is None:
                 continue  # not rnnmon's (its scalars, another plugin)
             self._last_write = max(self._last_write, event.wall_time)
             self._add(tag, event.step, lambda v=value: _raw_from_proto(v.tensor) if v.HasField("tensor") else None)
@@ -202,29 +216,49 @@ class RunReader:
                 return  # a tag from a newer rnnmon: ignore it
             if tag.startswith((md.UTIL_TAG_PREFIX, md.STATS_TAG_PREFIX)) and md.device_of(tag) is None:
                 raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
-            rows = _decode_table(tag, value, len(columns))
-        except (InvalidRecord, packing.FormatError, ValueError, TypeError, UnicodeDecodeError) as error:
+            if isinstance(value, bytes) and value[:4] != packing.MAGIC:
+                raise InvalidRecord("a string where a table belongs")
+            if not isinstance(value, bytes) and value.shape[1] != len(columns):
+                raise InvalidRecord(f"expected rows of {len(columns)} columns, found shape {value.shape}")
+        except (InvalidRecord, ValueError, TypeError, UnicodeDecodeError) as error:
             self._error(f"{tag} at step {step}: {error}")
             return
-        self._staged.setdefault(tag, []).append((step, rows))
+        self._staged.setdefault(tag, []).append((step, value))
 
     def _commit(self) -> RunData:
-        """Check the chunks decoded by this update, one pass per tag, and append the valid ones."""
-        for tag, chunks in self._staged.items():
-            try:
-                _check_rows(tag, np.concatenate([rows for _, rows in chunks]))
-                valid = chunks
-            except InvalidRecord:  # rare: find the culprits one by one
-                valid = []
-                for step, rows in chunks:
+        """Decode and check the chunks staged by this update, all of a tag at once, and append the valid ones."""
+        for tag, staged in self._staged.items():
+            if all(isinstance(value, bytes) for _, value in staged):  # the usual case: one batch, no copies
+                rows, decoded, failed = packing.decode_many(tag, [value for _, value in staged])
+                steps = [staged[index][0] for index, _ in decoded]
+                counts = [count for _, count in decoded]
+            else:
+                tables, steps, counts, failed = [], [], [], []
+                for index, (step, value) in enumerate(staged):
                     try:
-                        _check_rows(tag, rows)
-                        valid.append((step, rows))
+                        table = packing.decode(tag, value) if isinstance(value, bytes) else value
+                    except packing.FormatError as error:
+                        failed.append((index, error))
+                        continue
+                    tables.append(np.asarray(table, dtype=np.float64))
+                    steps.append(step)
+                    counts.append(len(table))
+                rows = np.concatenate(tables) if tables else np.empty((0, len(md.columns_for(tag) or ())))
+            for index, error in failed:
+                self._error(f"{tag} at step {staged[index][0]}: {error}")
+            try:
+                _check_rows(tag, rows)
+            except InvalidRecord:  # rare: find the culprits chunk by chunk
+                keep = np.ones(len(rows), dtype=bool)
+                for i, (step, start) in enumerate(zip(steps, np.cumsum([0, *counts[:-1]]))):
+                    try:
+                        _check_rows(tag, rows[start:start + counts[i]])
                     except InvalidRecord as error:
                         self._error(f"{tag} at step {step}: {error}")
-            table = self._tables.setdefault(tag, _Table(len(md.columns_for(tag) or ())))
-            for step, rows in valid:
-                table.add(step, rows)
+                        keep[start:start + counts[i]] = False
+                        counts[i] = 0
+                rows = rows[keep]
+            self._tables.setdefault(tag, _Table(rows.shape[1])).extend(steps, rows, counts)
         self._staged = {}
         return self.data()
 
@@ -284,8 +318,13 @@ def read_logdir(logdir: str, runs: list[str] | None = None) -> dict[str, RunData
 
 def _run_dirs(logdir: str) -> list[tuple[str, str]]:
     """(run name, directory) for every directory under `logdir` holding event files, named as TensorBoard does."""
-    found = []
-    for directory, _, files in os.walk(logdir):
+    found, visited = [], set()
+    for directory, subdirs, files in os.walk(logdir, followlinks=True):  # linked runs count, as in TensorBoard
+        real = os.path.realpath(directory)
+        if real in visited:  # a link loop
+            subdirs.clear()
+            continue
+        visited.add(real)
         if any(EVENT_FILE_MARK in name for name in files):
             relative = os.path.relpath(directory, logdir)
             found.append((relative.replace(os.sep, "/"), directory))
@@ -317,11 +356,9 @@ def open_logdir(logdir: str) -> tuple[Any, Any]:
 # --- values --------------------------------------------------------------------------------------------------
 def _raw_from_proto(tensor: Any) -> bytes | np.ndarray:
     """A packed chunk or document (bytes) or a v1 float64 table, from a TensorProto, checked before it is built."""
-    from tensorboard.compat.proto import types_pb2
-
-    dims = [d.size for d in tensor.tensor_shape.dim]
+    dims = [d.size for d in tensor.tensor_shape.dim] if tensor.tensor_shape.dim else []
     if tensor.dtype == types_pb2.DT_STRING:
-        if any(d != 1 for d in dims) or len(tensor.string_val) != 1:
+        if len(tensor.string_val) != 1 or any(d != 1 for d in dims):
             raise InvalidRecord(f"a string tensor of shape {dims} where one string belongs")
         return tensor.string_val[0]
     if tensor.dtype != types_pb2.DT_DOUBLE:
@@ -351,16 +388,6 @@ def _raw_from_array(value: Any) -> bytes | np.ndarray:
     if array.dtype.kind != "f":
         raise InvalidRecord(f"dtype {array.dtype} where float64 or string belongs")
     return array
-
-
-def _decode_table(tag: str, value: bytes | np.ndarray, width: int) -> np.ndarray:
-    if isinstance(value, bytes):
-        if value[:4] != packing.MAGIC:
-            raise InvalidRecord("a string where a table belongs")
-        return packing.decode(tag, value)
-    if value.shape[1] != width:
-        raise InvalidRecord(f"expected rows of {width} columns, found shape {value.shape}")
-    return np.asarray(value, dtype=np.float64)
 
 
 def _check_rows(tag: str, rows: np.ndarray) -> None:
