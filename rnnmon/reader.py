@@ -142,8 +142,19 @@ class RunReader:
         where = tb_provider.RunTagFilter(runs=[self.run])
         listing = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME,
                                         run_tag_filter=where).get(self.run, {})
-        data = provider.read_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME,
-                                     downsample=ALL_SAMPLES, run_tag_filter=where).get(self.run, {})
+        try:
+            data = provider.read_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME,
+                                         downsample=ALL_SAMPLES, run_tag_filter=where).get(self.run, {})
+        except Exception:  # TensorBoard could not turn some value into an array: find its tag, read the rest
+            data = {}
+            for tag in listing:
+                try:
+                    data.update(provider.read_tensors(
+                        ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME, downsample=ALL_SAMPLES,
+                        run_tag_filter=tb_provider.RunTagFilter(runs=[self.run], tags=[tag])).get(self.run, {}))
+                except Exception as error:
+                    self._error(f"{tag}: TensorBoard's data provider cannot convert a value "
+                                f"({type(error).__name__}: {str(error)[:200]})")
         for tag, series in listing.items():
             if tag not in self._content:
                 self._content[tag] = md.parse_content(series.plugin_content)

@@ -60,9 +60,9 @@ class _CachedRun:
 
 
 class RunDataError(errors.PublicError):
-    """A run whose rnnmon data cannot be read (HTTP 500); other runs are unaffected."""
+    """A run whose rnnmon data cannot be read (HTTP 422: the request was fine, the data is not; 500 is for bugs)."""
 
-    http_code = 500
+    http_code = 422
 
 
 class RequestRefused(errors.PublicError):
@@ -296,7 +296,7 @@ def _number(args: Any, name: str) -> float | None:
 def _points(raw: str | None) -> int:
     if raw in (None, ""):
         return DEFAULT_POINTS
-    if not raw.isdigit() or not 10 <= int(raw) <= MAX_POINTS:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not 10 <= int(raw) <= MAX_POINTS:  # no ²²
         raise errors.InvalidArgumentError(f"points must be an integer from 10 to {MAX_POINTS}: points={raw!r}")
     return int(raw)
 
