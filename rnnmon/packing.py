@@ -39,7 +39,7 @@ MAX_ROWS = 1 << 16  # rows in one chunk; the writer splits larger chunks
 _HEAD = struct.Struct("<4sB3xIId")
 _I32 = 2**31 - 1
 _ZLIB = 0x80  # layout flag: the body is zlib-compressed
-_MIN_COMPRESS_BYTES = 256
+_MIN_COMPRESS_BYTES = 64
 _EXCEPTION_BYTES = 8 * (len(md.STEP_COLUMNS) + 1)
 _US = 1e6
 

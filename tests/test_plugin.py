@@ -270,7 +270,7 @@ def test_unreadable_run_fails_alone(client):
     for run in ("unreadable/rnnmon", "bad_description/rnnmon"):
         for route in ("timeline", "summary"):
             status, body = get(client, route, run=run)
-            assert status == 500 and "unreadable rnnmon data" in body and run in body
+            assert status == 422 and "unreadable rnnmon data" in body and run in body
     assert get(client, "timeline", run="long/rnnmon")[0] == 200
     assert get(client, "runs")[0] == 200
     status, body = get(client, "timeline", run="truncated/rnnmon")  # what was written before the cut is served
