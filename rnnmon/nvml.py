@@ -157,9 +157,13 @@ class Nvml:
                     self._caller = None
             caller.stop()
             raise _Overran
-        if call.error is not None:
-            raise call.error
-        return call.result
+        error, call.error = call.error, None
+        if error is None:
+            return call.result
+        try:
+            raise error
+        finally:  # neither `call` nor this frame may keep the error: its traceback holds this frame (a cycle)
+            del error
 
     def _note_failure(self, function: str, label: str, device: int | None, error: Exception) -> None:
         code = getattr(error, "value", None)
