@@ -1,8 +1,12 @@
-"""Loads the rnnmon tab, and makes TensorBoard keep every rnnmon sample.
+"""Loads the rnnmon tab, makes TensorBoard keep every rnnmon sample, and reload a live run sooner.
 
 TensorBoard keeps 10 tensor samples per tag (Python loader) or 100 (Rust data server) for plugins it does not
 know; rnnmon writes a chunk every 2 s, so a long run would lose data. `fix_flags` runs before the data ingester
 is built, so it sets `--samples_per_plugin rnnmon=0` ("all") unless the user chose a value for rnnmon.
+
+TensorBoard rereads the log directory every `--reload_interval` seconds (5 by default), which alone puts up to
+5 s between a step and the tab; with TensorBoard's default, `fix_flags` sets 2 s (the rnnmon writer's own
+interval). Reloads read only what is new; any other value the user passes is kept.
 
 Example:
     >>> flags = argparse.Namespace(samples_per_plugin={"images": 50})
@@ -20,6 +24,7 @@ from tensorboard.plugins import base_plugin
 
 PLUGIN_NAME = "rnnmon"  # rnnmon.metadata.PLUGIN_NAME, kept here so this module imports nothing heavy
 KEEP_ALL = 0  # a sample count of 0 keeps every sample, in both loaders
+TENSORBOARD_RELOAD_S, LIVE_RELOAD_S = 5.0, 2.0  # TensorBoard's default --reload_interval, and rnnmon's
 LOG = logging.getLogger(__name__)
 
 
@@ -30,6 +35,8 @@ class RnnmonLoader(base_plugin.TBLoader):
         samples = dict(getattr(flags, "samples_per_plugin", None) or {})
         samples.setdefault(PLUGIN_NAME, KEEP_ALL)
         flags.samples_per_plugin = samples
+        if getattr(flags, "reload_interval", None) == TENSORBOARD_RELOAD_S:
+            flags.reload_interval = LIVE_RELOAD_S
 
     def load(self, context: base_plugin.TBContext) -> base_plugin.TBPlugin | None:
         try:

@@ -469,6 +469,13 @@ def test_loader_keeps_all_rnnmon_samples_unless_told_otherwise(given, expected):
     assert flags.samples_per_plugin == expected
 
 
+@pytest.mark.parametrize(("given", "expected"), [(5.0, 2.0), (30.0, 30.0), (0.5, 0.5)])
+def test_loader_reloads_every_2_s_unless_told_otherwise(given, expected):
+    flags = argparse.Namespace(samples_per_plugin={}, reload_interval=given)
+    RnnmonLoader().fix_flags(flags)
+    assert flags.reload_interval == expected
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

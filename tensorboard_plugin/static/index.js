@@ -14,7 +14,7 @@ import {ROUTE, el, errorText, fixed, pct, plotlyText, short} from "./dom.js";
 import {RULES, buildThresholdsPanel, currentThresholds, loadThresholds, noteRuns, onThresholdsChange} from
   "./thresholds.js";
 
-const POLL_MS = 2500;
+const POLL_MS = 1000; // /runs is cheap; with TensorBoard's reload and rnnmon's flush, a step shows within ~5 s
 const PLOT_HEIGHT = 600;
 const BAR_LIMIT = 600; // more steps than this in view: lines instead of stacked bars
 const ALERT_LIMIT = 200; // alerts drawn and listed per run; `rnnmon report` has them all
