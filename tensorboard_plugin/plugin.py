@@ -35,6 +35,7 @@ from rnnmon import metadata as md
 from rnnmon.analysis import summarize
 from rnnmon.reader import ALL_SAMPLES, RunData, RunReader
 from rnnmon.report import VERDICT_TEXT
+from rnnmon.stragglers import compare_workers, worker_of
 
 from .thresholds_store import NotWritableError, ThresholdsStore
 from .timeline import TimelineIndex
@@ -97,6 +98,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             "/runs": self._serve_runs,
             "/timeline": self._serve_timeline,
             "/summary": self._serve_summary,
+            "/workers": self._serve_workers,
             "/thresholds": self._serve_thresholds,
         }
 
@@ -132,6 +134,11 @@ class RnnmonPlugin(base_plugin.TBPlugin):
     def _serve_summary(self, request: wrappers.Request) -> wrappers.Response:
         ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
         return http_util.Respond(request, self.summary_impl(ctx, experiment, _run(request.args)), "application/json")
+
+    @wrappers.Request.application
+    def _serve_workers(self, request: wrappers.Request) -> wrappers.Response:
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        return http_util.Respond(request, self.workers_impl(ctx, experiment, _run(request.args)), "application/json")
 
     @wrappers.Request.application
     def _serve_thresholds(self, request: wrappers.Request) -> wrappers.Response:
@@ -176,6 +183,22 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         summary["verdict_text"] = VERDICT_TEXT.get(summary["verdict"], summary["verdict"])
         summary["name"] = _display_name(data.run)
         return summary
+
+    def workers_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
+        """The workers of `run`'s multi-worker job side by side, with STRAGGLER; no workers for other runs."""
+        job = worker_of(run)
+        if job is None:
+            return {"job": None, "workers": [], "findings": []}
+        listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=md.PLUGIN_NAME)
+        siblings = sorted(name for name, tags in listing.items() if tags and (worker_of(name) or (None,))[0] == job[0])
+        summaries = []
+        for name in siblings:
+            try:
+                summaries.append(self.summary_impl(ctx, experiment, name))
+            except (RunDataError, errors.NotFoundError):
+                continue  # /summary reports that run's error
+        groups = compare_workers(summaries)
+        return groups[0] if groups else {"job": job[0], "workers": [], "findings": []}
 
     def thresholds_impl(self) -> dict[str, Any]:
         """The saved thresholds (or the defaults), the file's path, and whether the tab can save it."""

@@ -23,10 +23,12 @@ STEP_S, WAIT_S, SAMPLE_S = 0.020, 0.006, 1 / 6
 
 
 def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: int = 1, status: str = "finished",
-                  dip_at: int | None = None, samples_per_chunk: int = 12, start: float | None = None) -> None:
+                  dip_at: int | None = None, samples_per_chunk: int = 12, start: float | None = None,
+                  wait_s: float = WAIT_S) -> None:
     """A run on `gpus` fake GPUs: each chunk holds steps, utilization samples, SM activity and an idle gap.
 
     `dip_at`: index of the single utilization sample (GPU 0) that reads 0%; all others read 60-95%.
+    `wait_s`: the median input wait of a step (of a 20 ms step).
     """
     writer = SummaryWriter(run_dir)
     t = time.time() - chunks * 2.0 if start is None else start
@@ -37,7 +39,7 @@ def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: 
     chunk_s = max(steps_per_chunk * STEP_S, samples_per_chunk * SAMPLE_S)
     for chunk in range(chunks):
         begin = t + chunk * chunk_s + np.arange(steps_per_chunk) * STEP_S
-        wait_ms = 1e3 * WAIT_S * rng.uniform(0.5, 1.5, steps_per_chunk)
+        wait_ms = 1e3 * wait_s * rng.uniform(0.5, 1.5, steps_per_chunk)
         rows = [(step + i + 1, chunk // 10, b, b + STEP_S * 0.9, w, 1e3 * STEP_S * 0.1 if step + i else np.nan, 1)
                 for i, (b, w) in enumerate(zip(begin, wait_ms))]
         writer.table(md.STEPS_TAG, rows)

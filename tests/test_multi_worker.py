@@ -108,3 +108,32 @@ def test_worker_names_from_tf_config():
     assert worker_name(config({"type": "chief", "index": 0})) == "chief-0"  # not worker-0: that one exists too
     assert worker_name({"TF_CONFIG": "{not json"}) is None
     assert worker_name({}) is None
+
+
+def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
+    from conftest import stalled_dataset, tiny_model
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from werkzeug import test as werkzeug_test
+
+    from rnnmon import UtilizationMonitor
+    from tensorboard_plugin.plugin import RnnmonPlugin
+
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    for index, stall_s in ((0, 0.0), (1, 0.02)):  # two workers of one job, written here one after the other
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        tiny_model().fit(stalled_dataset(30, stall_s, prefetch="none"), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(tmp_path / "job"), audit=False)])
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
+    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider))
+    client = werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+
+    answer = client.get("/data/plugin/rnnmon/workers", query_string={"run": "job/worker-0/rnnmon"}).get_json()
+    assert answer["job"] == "job" and [w["worker"] for w in answer["workers"]] == ["worker-0", "worker-1"]
+    assert [(f["code"], f["where"]) for f in answer["findings"]] == [("STRAGGLER", "worker-1")]
+    other = client.get("/data/plugin/rnnmon/workers", query_string={"run": "elsewhere/rnnmon"}).get_json()
+    assert other == {"job": None, "workers": [], "findings": []}

@@ -96,6 +96,8 @@ def logdir(tmp_path_factory):
     write_gpu_run(str(root / GPU_RUN / "rnnmon"), 40, gpus=2, dip_at=100, start=start)
     _write_alerts(str(root / GPU_RUN / "rnnmon"), start, GPU_RUN_ALERTS)
     write_unreadable_run(str(root / "unreadable" / "rnnmon"))
+    for index, wait_s in ((0, 0.001), (1, 0.015)):  # two workers of one job; worker-1 waits for input
+        write_gpu_run(str(root / "job" / f"worker-{index}" / "rnnmon"), 20, start=start, wait_s=wait_s)
     return root
 
 
@@ -260,6 +262,20 @@ def test_zoom_moves_every_subplot_and_refetches(tab):
     _screenshot(page, "tab_zoomed.png")
     frame.click("text=Reset zoom")
     frame.wait_for_function(f"() => {PLOT}.dataset.view === 'all'", timeout=10_000)
+    assert not problems
+
+
+def test_workers_of_a_job_side_by_side_with_the_straggler(tab):
+    page, frame, problems, _ = tab
+    _select(frame, "job/worker-1/rnnmon")
+    frame.wait_for_selector("#rm-workers:not([hidden]) tbody tr", timeout=30_000)
+    rows = frame.locator("#rm-workers tbody tr")
+    assert [rows.nth(i).get_attribute("data-worker") for i in range(rows.count())] == ["worker-0", "worker-1"]
+    assert "rm-alert-firing" in rows.nth(1).get_attribute("class")  # the straggler stands out
+    assert "STRAGGLER at worker-1" in frame.locator("#rm-workers .rm-straggler").inner_text()
+    _screenshot(page, "tab_workers.png")
+    _select(frame, "input_bound/rnnmon")  # not a worker: no table
+    frame.wait_for_selector("#rm-workers", state="hidden", timeout=30_000)
     assert not problems
 
 

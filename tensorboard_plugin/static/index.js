@@ -50,7 +50,9 @@ const VERDICT_ADVICE = {
     "(cuDNN-eligible RNN layers, mixed precision, larger batches).",
 };
 
-const state = {runs: [], selected: ["", ""], view: null, results: new Map(), written: new Map(), statuses: ""};
+const state = {runs: [], selected: ["", ""], view: null, results: new Map(), written: new Map(), statuses: "",
+  workers: null};
+const WORKER_RUN = /(^|\/)(worker|chief|evaluator|process)-\d+\/rnnmon$/; // a worker of a multi-worker job
 const ui = {};
 
 export async function render() {
@@ -120,6 +122,8 @@ async function refresh(names) {
     state.results.set(name, result);
     state.written.set(name, written);
   }));
+  const first = state.selected[0];
+  state.workers = WORKER_RUN.test(first) ? await getJson("workers", {run: first}).catch(() => null) : null;
   drawCards();
   drawChart();
 }
@@ -157,12 +161,15 @@ function buildSkeleton() {
   ui.message = el("section", "rm-message");
   ui.message.hidden = true;
   ui.cards = el("section", "rm-cards");
+  ui.workers = el("section", "rm-alerts rm-workers");
+  ui.workers.id = "rm-workers";
+  ui.workers.hidden = true;
   ui.plot = el("div", "rm-plot");
   ui.plot.id = "rm-plot";
   ui.alerts = el("section", "rm-alerts");
   ui.alerts.id = "rm-alerts";
   ui.alerts.hidden = true;
-  app.append(header, thresholds.section, ui.message, ui.cards, ui.plot, ui.alerts);
+  app.append(header, thresholds.section, ui.message, ui.cards, ui.workers, ui.plot, ui.alerts);
   document.body.append(app);
   for (const [index, select] of [ui.runA, ui.runB].entries()) {
     select.addEventListener("change", () => {
@@ -231,7 +238,36 @@ function drawCards() {
   const runs = selectedRuns();
   ui.cards.style.gridTemplateColumns = `repeat(${Math.max(1, runs.length)}, minmax(0, 1fr))`;
   ui.cards.replaceChildren(...runs.map((run) => card(run, state.results.get(run.run))));
+  drawWorkers();
   drawAlerts();
+}
+
+// The workers of the first run's multi-worker job side by side, with the straggler (see /workers).
+function drawWorkers() {
+  const ms = (value) => (value === null || value === undefined ? "n/a" : `${fixed(value, 2)} ms`);
+  const group = state.workers;
+  ui.workers.hidden = !group?.workers?.length;
+  if (ui.workers.hidden) return;
+  const table = el("table", "rm-alert-table rm-workers-table");
+  const top = el("tr");
+  for (const title of ["Worker", "Median step", "Input wait", "Host gap", "GPU idle"]) top.append(el("th", "", title));
+  const thead = el("thead");
+  thead.append(top);
+  const tbody = el("tbody");
+  const straggler = group.findings[0];
+  for (const row of group.workers) {
+    const tr = el("tr", straggler?.where === row.worker ? "rm-alert-firing" : "");
+    tr.dataset.worker = row.worker;
+    tr.append(el("td", "", row.worker), el("td", "", ms(row.step_ms)), el("td", "", ms(row.input_wait_ms)),
+      el("td", "", pct(row.host_gap_fraction)), el("td", "", pct(row.gpu_idle_fraction)));
+    tbody.append(tr);
+  }
+  table.append(thead, tbody);
+  const head = el("div", "rm-alerts-head");
+  head.append(el("h2", "", "Workers"), el("span", "rm-muted", `job ${group.job}, ${group.workers.length} workers`));
+  const parts = [head, table];
+  if (straggler) parts.push(el("p", "rm-straggler", `${straggler.code} at ${straggler.where}: ${straggler.message}`));
+  ui.workers.replaceChildren(...parts);
 }
 
 function card(run, result) {
