@@ -81,6 +81,7 @@ def _check_device(pynvml: Any, index: int, repeats: int, wait_s: float) -> float
     for name, call in _calls(pynvml, handle, index).items():
         print(f"    {name:58s} {_latency(call, repeats)}")
     _check_gpm(pynvml, handle)
+    _check_mig(pynvml, handle)
     return period
 
 
@@ -180,6 +181,32 @@ def _check_gpm(pynvml: Any, handle: Any) -> None:
     finally:
         for sample in samples:
             pynvml.nvmlGpmSampleFree(sample)
+
+
+def _check_mig(pynvml: Any, handle: Any) -> None:
+    """MIG devices: their UUIDs and instance ids, and whether per-instance GPM (nvmlGpmMigSampleGet) answers."""
+    try:
+        if pynvml.nvmlDeviceGetMigMode(handle)[0] != 1:
+            return
+        slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+    except pynvml.NVMLError:
+        return
+    for slot in range(slots):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError:
+            continue
+        gi = _call(pynvml.nvmlDeviceGetGpuInstanceId, mig)
+        line = (f"  MIG {slot}: {_call(pynvml.nvmlDeviceGetUUID, mig)} gi={gi} "
+                f"ci={_call(pynvml.nvmlDeviceGetComputeInstanceId, mig)}; utilization "
+                f"{_latency(lambda m=mig: pynvml.nvmlDeviceGetUtilizationRates(m), 1)}")
+        sample = pynvml.nvmlGpmSampleAlloc()
+        try:
+            latency = _latency(lambda g=gi, s=sample: pynvml.nvmlGpmMigSampleGet(handle, g, s), 3)
+            line += f"; nvmlGpmMigSampleGet {latency}"
+        finally:
+            pynvml.nvmlGpmSampleFree(sample)
+        print(line)
 
 
 def _check_order(pynvml: Any, count: int, cuda: Callable[[], list[str] | None]) -> None:

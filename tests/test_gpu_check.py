@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from fake_nvml import FakeGpu, FakeNvmlLib, bare_uuid, installed
+from fake_nvml import FakeGpu, FakeMig, FakeNvmlLib, bare_uuid, installed
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_check.py")
 
@@ -18,7 +18,7 @@ def gpu_check():
 
 
 def test_prints_what_the_driver_does(capsys):
-    lib = FakeNvmlLib([FakeGpu(name="NVIDIA A10"), FakeGpu()], sample_period_s=1 / 6)
+    lib = FakeNvmlLib([FakeGpu(name="NVIDIA A10"), FakeGpu(mig=[FakeMig(gpu_instance_id=4)])], sample_period_s=1 / 6)
     cuda_order = [bare_uuid(lib.gpus[1].uuid), bare_uuid(lib.gpus[0].uuid)]
     with installed(lib):
         status = gpu_check().main(["--skip-fit", "--repeats", "2", "--wait-s", "0.4"], cuda=lambda: cuda_order)
@@ -29,6 +29,7 @@ def test_prints_what_the_driver_does(capsys):
                  "nvmlDeviceGetComputeRunningProcesses", "nvmlGpmQueryDeviceSupport"):
         assert call in out
     assert "GPM: supported; nvmlGpmSampleGet" in out and lib.gpm_samples_allocated == 0
+    assert "MIG 0: MIG-" in out and "gi=4" in out and "nvmlGpmMigSampleGet" in out
     assert "CUDA 0" in out and "NVML 1" in out and "DIFFERS from NVML order" in out
 
 
