@@ -59,6 +59,7 @@ class Alerting:
         self._on_alert = on_alert
         self._on_fire = on_fire
         self._on_change = on_change
+        self._hooks_off = False
         self.source = "callback"  # or the path of the thresholds file in use
         self._files = thresholds_files(log_dir) if watch_file else []
         self._seen: tuple[str, float] | None = None
@@ -123,9 +124,15 @@ class Alerting:
             else:
                 LOG.info("rnnmon alert %s%s resolved: %s", event.rule, where, event.message)
             for hook in (self._on_alert, self._on_fire if event.state == "firing" else None):
-                if hook is None:
+                if hook is None or self._hooks_off:
                     continue
                 try:
                     hook(event)
+                except (SystemExit, KeyboardInterrupt) as error:  # on rnnmon's thread: it cannot end the fit
+                    self._hooks_off = True
+                    LOG.error("rnnmon: the alert hook raised %s on %s; alert hooks are off for the rest of the fit "
+                              "(recording goes on). Use stop_on_alert to end training on an alert.",
+                              type(error).__name__, event.rule)
+                    return
                 except Exception:
                     LOG.exception("rnnmon: the alert hook failed on %s", event.rule)

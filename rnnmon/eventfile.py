@@ -16,8 +16,10 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import io
 import os
 import socket
 import struct
@@ -126,41 +128,81 @@ def scan_records(path: str, offset: int = 0, max_record_bytes: int = MAX_RECORD_
 class EventFileAppender:
     """A new event file in `directory`, named as TensorBoard names them; records are written on `flush()`.
 
-    Not thread-safe: the caller holds a lock (SummaryWriter does).
+    Records not yet written are kept in memory, the oldest dropped beyond `max_pending_bytes`. Not thread-safe:
+    the caller holds a lock (SummaryWriter does).
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, max_pending_bytes: int = 64 << 20) -> None:
         global _uid
-        os.makedirs(directory, exist_ok=True)
         with _uid_lock:
             _uid += 1
             uid = _uid
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{uid}"
         self.path = os.path.join(directory, name)
-        self._file = open(self.path, "wb")  # noqa: SIM115 - open for the writer's lifetime
-        self._pending: list[bytes] = []
+        self._max_pending_bytes = max_pending_bytes
+        self._pending: collections.deque[bytes] = collections.deque()
+        self._pending_bytes = 0
+        self.dropped = 0  # records dropped unwritten since the last successful flush
+        self._file = self._open()
+
+    def _open(self) -> io.FileIO:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        return io.FileIO(self.path, "a")  # unbuffered: a failed write leaves nothing behind to write later
 
     def add(self, record: bytes) -> None:
-        self._pending.append(frame(record))
+        self._pending.append(record)
+        self._pending_bytes += len(record)
+        while self._pending_bytes > self._max_pending_bytes and len(self._pending) > 1:
+            self._pending_bytes -= len(self._pending.popleft())
+            self.dropped += 1
+
+    def lost(self) -> bool:
+        """The file was deleted (or its folder) since it was opened: what is written now would vanish."""
+        try:
+            return os.fstat(self._file.fileno()).st_nlink == 0 or not os.path.exists(self.path)
+        except (OSError, ValueError):
+            return True
+
+    def reopen(self) -> list[bytes]:
+        """Start the file again at its path (recreating its folder); returns the records not yet written."""
+        with contextlib.suppress(OSError, ValueError):
+            self._file.close()
+        pending = list(self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._file = self._open()
+        return pending
 
     def flush(self) -> None:
         """Write the queued records; on failure cut the file back to its last whole record, keep them queued."""
         if not self._pending:
             return
-        good = self._file.tell()
+        good = os.fstat(self._file.fileno()).st_size
+        data = memoryview(b"".join(frame(record) for record in self._pending))
         try:
-            self._file.write(b"".join(self._pending))
-            self._file.flush()
+            while data:
+                data = data[self._file.write(data):]
         except OSError:
             with contextlib.suppress(OSError, ValueError):
-                self._file.seek(good)
-                self._file.truncate()
+                self._file.truncate(good)
             raise
-        self._pending = []
+        self._pending.clear()
+        self._pending_bytes = 0
+        self.dropped = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     def close(self) -> None:
+        """Write what is queued (raising if that fails, with the file still open) and close the file."""
         if not self._file.closed:
             self.flush()
+            self._file.close()
+
+    def abandon(self) -> None:
+        """Close the file without writing what is queued."""
+        with contextlib.suppress(OSError, ValueError):
             self._file.close()
 
     def __enter__(self) -> EventFileAppender:

@@ -44,11 +44,11 @@ class ExitGuard:
     def release(self) -> None:
         _ARMED.discard(self)
         atexit.unregister(self._at_exit)
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():  # else the handlers stay, passing through
             for signum, previous in self._previous.items():
                 if signal.getsignal(signum) == self._on_signal:
                     signal.signal(signum, previous)
-        self._previous = {}
+            self._previous = {}
 
     def _at_exit(self) -> None:
         if os.getpid() == self._pid:

@@ -47,6 +47,8 @@ from rnnmon.writer import SummaryWriter
 LOG = logging.getLogger("rnnmon")
 NA = math.nan
 _RUNNING: weakref.WeakSet[UtilizationMonitor] = weakref.WeakSet()  # monitors whose fit has not ended yet
+_FINISH_WAIT_S = 5.0  # the longest a fit's end waits for rnnmon's last write
+_RETRY_AFTER_FIT_S = 600.0  # a final write the disk refused is retried this long in the background
 
 
 class UtilizationMonitor(keras.callbacks.Callback):
@@ -180,7 +182,6 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._begin = self._last_end
         self._wait, self._batches = NA, 0
         self._open_phase: tuple[str, float] | None = None
-        self._last_flush = self._clock()
         self._fit_begin = self._clock()
         self._warming_up = True
         self._per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
@@ -207,8 +208,12 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._audit_setup()
         self._active = True
         _RUNNING.add(self)
-        self._ticker = Ticker(self.sample_interval_s, self._tick)
-        self._ticker.start()
+        self._final_status = "finished"
+        self._final_done = threading.Event()
+        self._poller = Ticker(self.sample_interval_s, self._poll, name="rnnmon-sampler")
+        self._flusher = Ticker(self.flush_secs, self._flush, name="rnnmon-writer", on_stop=self._write_final)
+        self._poller.start()
+        self._flusher.start()
         self._exits.install()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -282,44 +287,68 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._recorder.add_phase(kind, start, now)
             self._open_phase = None
 
-    def _tick(self) -> None:
+    def _poll(self) -> None:  # on the sampler thread
         if self._scope.over():  # fit raised past on_train_end (e.g. from a later callback)
             self._finish("failed")
-            return
-        if self._sampler is not None:
+        elif self._sampler is not None:
             self._sampler.poll()
-        if self._clock() - self._last_flush >= self.flush_secs:
-            self._last_flush = self._clock()
+
+    def _flush(self) -> None:  # on the writer thread
+        if self._scope.over():
+            self._finish("failed")
+        else:
             self._recorder.flush(horizon=self._last_end)
 
     def _finish(self, status: str) -> None:
-        """Stop sampling, restore Keras, and get everything to disk; safe to call from any exit path."""
+        """Stop sampling, restore Keras, and get everything to disk; safe to call from any exit path and thread.
+
+        The last write runs on the writer thread; the caller waits for it at most `_FINISH_WAIT_S`.
+        """
         with self._finish_lock:
             if not self._active or os.getpid() != self._pid:
                 return
             self._active = False
         _RUNNING.discard(self)
         self._scope.forget()
-        self._ticker.stop()
         self._close_phase(self._clock())
         if self.model is not None:
             unwrap_train_function(self.model)
+        self._final_status = status
+        self._poller.stop(timeout_s=0)
+        self._flusher.stop(timeout_s=0)  # its thread writes the end (`_write_final`)
+        if threading.current_thread() is not self._flusher.thread and not self._final_done.wait(_FINISH_WAIT_S):
+            LOG.error("rnnmon: the last write to %s did not finish within %.0f s (hung disk or driver); steps after "
+                      "%d and the final status may be missing. It goes on in the background.", self.run_dir,
+                      _FINISH_WAIT_S, self._recorder.last_step)
+        elif self._final_done.is_set():
+            self._flusher.stop(timeout_s=1.0)  # it only has to return now
+        self._exits.release()
+
+    def _write_final(self) -> None:
+        """On the writer thread once it stops: the last chunk and the final status, retried while the disk refuses."""
+        written = polled = False
         try:
-            if self._sampler is not None:
-                self._sampler.poll()
+            polled = self._poller.stop(timeout_s=1.0)  # a last poll, unless the driver hangs
             self._recorder.flush(horizon=math.inf, final=True)
             self._alerting.finish(self._clock())
             if self._exporter is not None:
                 self._exporter.fit_ended()
             self._profile.close()
-            self._run_info.update(status=status, end=time.time(), steps=self._global_step)
+            self._run_info.update(status=self._final_status, end=time.time(), steps=self._global_step)
             self._writer.json(md.RUN_TAG, self._run_info)
+            written = self._writer.flush()
         finally:
+            if self._sampler is not None and polled:
+                self._sampler.close()  # (behind a hung call it would wait for the driver's deadline)
+            self._nvml.shutdown()  # a poll still hung in the driver then ends at its next query
+            if not written:
+                self._final_done.set()  # the fit goes on; the status lands when space returns
+                deadline = time.monotonic() + _RETRY_AFTER_FIT_S
+                while not written and time.monotonic() < deadline:
+                    time.sleep(self.flush_secs)
+                    written = self._writer.flush()
             self._writer.close()
-            if self._sampler is not None:
-                self._sampler.close()
-            self._nvml.shutdown()
-            self._exits.release()
+            self._final_done.set()
 
     def _install_input_timing(self) -> str:
         backend = keras.backend.backend()

@@ -26,6 +26,7 @@ import itertools
 import logging
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -118,6 +119,7 @@ class Sampler:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self._nvml = nvml
         self._clock = clock
+        self._lock = threading.Lock()  # the buffers: filled on the sampler thread, drained on the writer thread
         self._since = clock()  # the driver's buffer also holds ~16 s from before monitoring began
         chosen = [t if isinstance(t, GpuTarget) else GpuTarget(t, "") for t in targets]
         self.devices = [d for d in (self._open(t) for t in chosen) if d is not None]
@@ -144,22 +146,29 @@ class Sampler:
                 continue
             if device.utilization == UTIL_NVML:
                 self._read_utilization(device)
-            self._stats[device.index].append(self._read_stats(device))
+            row = self._read_stats(device)
+            with self._lock:
+                self._stats[device.index].append(row)
         now, cpu = self._clock(), time.process_time()
         last_now, last_cpu = self._last_cpu
         if now > last_now:
-            self._host.append((now, 100.0 * (cpu - last_cpu) / (now - last_now)))
+            with self._lock:
+                self._host.append((now, 100.0 * (cpu - last_cpu) / (now - last_now)))
         self._last_cpu = (now, cpu)
 
     def drain(self) -> tuple[dict[int, list[tuple[float, float]]], dict[int, list[tuple[float, ...]]],
                              list[tuple[float, float]]]:
-        """Utilization rows (time, pct) and stat rows per device, and host rows (time, cpu_pct)."""
-        util = {i: sorted(rows) for i, rows in self._util.items()}
-        stats, host = self._stats, self._host
-        self._util = {i: [] for i in self._util}
-        self._stats = {i: [] for i in self._stats}
-        self._host = []
-        return util, stats, host
+        """Utilization rows (time, pct) and stat rows per device, and host rows (time, cpu_pct).
+
+        Called from the writer thread while `poll()` runs on the sampler thread: only the hand-over is locked,
+        never an NVML call, so a hung driver call does not hold up a write.
+        """
+        with self._lock:
+            util, stats, host = self._util, self._stats, self._host
+            self._util = {i: [] for i in self._util}
+            self._stats = {i: [] for i in self._stats}
+            self._host = []
+        return {i: sorted(rows) for i, rows in util.items()}, stats, host
 
     def close(self) -> None:
         for device in self.devices:
@@ -289,7 +298,8 @@ class Sampler:
                 kept.append((time_s, pct))
         if kept:
             device.last_row_s = max(device.last_row_s, max(t for t, _ in kept))
-            self._util[device.index].extend(kept)
+            with self._lock:
+                self._util[device.index].extend(kept)
 
     # --- statistics ------------------------------------------------------------------------------------
     def _read_stats(self, device: _Device) -> tuple[float, ...]:

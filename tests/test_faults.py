@@ -1,0 +1,157 @@
+"""Faults during a fit: a hung driver, a full disk, a deleted log_dir, an alert hook that exits.
+
+Monitoring may degrade with one clear log line; the fit itself always runs to its end, on time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import keras
+import pytest
+from conftest import read_run, stalled_dataset, tiny_model
+from fake_nvml import FakeGpu, FakeNvmlLib, installed
+
+from rnnmon import UtilizationMonitor
+
+DEVICE_CALLS = ("nvmlDeviceGetSamples", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
+                "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo",
+                "nvmlDeviceGetTemperature", "nvmlDeviceGetPcieThroughput", "nvmlDeviceGetCurrentClocksEventReasons",
+                "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetFieldValues")
+
+
+class AtBatch(keras.callbacks.Callback):
+    """Runs `actions[batch]()` after that batch; remembers when the last batch ended and when `fit` reached this
+    callback's `on_train_end` (after rnnmon's, which comes first)."""
+
+    def __init__(self, **actions) -> None:
+        super().__init__()
+        self.actions = {int(k[1:]): v for k, v in actions.items()}
+        self.last_end = 0.0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch in self.actions:
+            self.actions[batch]()
+        self.last_end = time.monotonic()
+
+    def on_train_end(self, logs=None):
+        self.ended_s = time.monotonic() - self.last_end
+
+
+def _messages(caplog, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelno == level]
+
+
+def test_hung_driver_neither_holds_up_writes_nor_the_end_of_fit(tmp_path):
+    lib = FakeNvmlLib([FakeGpu(pids=[os.getpid()])])
+    seen: dict[str, int] = {}
+
+    def hang():  # longer than rnnmon's 2 s deadline per NVML call
+        lib.latency_s.update(dict.fromkeys(DEVICE_CALLS, 4.0))
+
+    def count_on_disk():
+        seen["steps"] = len(read_run(str(tmp_path)).steps)
+
+    marks = AtBatch(b5=hang, b110=count_on_disk)
+    with installed(lib):
+        model = tiny_model()
+        model.fit(stalled_dataset(120, 0.03), epochs=1, verbose=0,
+                  callbacks=[UtilizationMonitor(str(tmp_path), devices="all", flush_secs=0.5), marks])
+    assert seen["steps"] >= 60  # flushes went on while every driver call hung (one thread used to do both)
+    assert marks.ended_s < 3.0  # the end waits at most a second for the hung poll
+    lib.latency_s.clear()
+    for thread in threading.enumerate():  # the abandoned driver calls return within 4 s
+        if thread.name.startswith("rnnmon"):
+            thread.join(6.0)
+    run = read_run(str(tmp_path))
+    assert run.info["status"] == "finished" and len(run.steps) == 120
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_alert_hook_that_exits_ends_hooks_not_recording(tmp_path, caplog):
+    calls = []
+
+    def on_alert(event):
+        calls.append(event.rule)
+        raise SystemExit(3)
+
+    model = tiny_model()
+    thresholds = {"input_wait_high": {"pct": 5, "resolve_pct": 2, "for_s": 0.1}}
+    history = model.fit(stalled_dataset(60, 0.02, prefetch="none"), epochs=1, verbose=0, callbacks=[
+        UtilizationMonitor(str(tmp_path), flush_secs=0.3, thresholds=thresholds, on_alert=on_alert)])
+    assert len(history.history["loss"]) == 1  # SystemExit did not escape fit
+    assert len(calls) == 1
+    errors = _messages(caplog, logging.ERROR)
+    assert len(errors) == 1 and "raised SystemExit" in errors[0]
+    run = read_run(str(tmp_path))
+    assert run.info["status"] == "finished" and len(run.steps) == 60
+    assert run.alerts  # alerts are still recorded
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 2 MiB tmpfs (root only)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(path) -> None:
+    with contextlib.suppress(OSError), open(path, "wb", buffering=0) as f:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_full_disk_is_survived_and_the_status_lands_when_space_returns(small_disk, caplog):
+    filler = small_disk / "filler"
+    marks = AtBatch(b10=lambda: _fill(filler))
+    model = tiny_model()
+    history = model.fit(stalled_dataset(80, 0.01), epochs=1, verbose=0,
+                        callbacks=[UtilizationMonitor(str(small_disk / "exp"), flush_secs=0.3), marks])
+    assert len(history.history["loss"]) == 1 and marks.ended_s < 3.0  # never raised into fit, did not wait long
+    errors = _messages(caplog, logging.ERROR)
+    assert any("No space left on device" in e for e in errors)
+    assert sum("cannot write" in e for e in errors) == 1  # logged once
+    filler.unlink()  # space returns after the fit: the writer thread is still retrying
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(KeyError, ValueError):
+            if read_run(str(small_disk / "exp")).info.get("status") == "finished":
+                break
+        time.sleep(0.2)
+    run = read_run(str(small_disk / "exp"))
+    assert run.info["status"] == "finished" and len(run.steps) == 80  # nothing was lost
+    assert any("writing to" in m and "again" in m for m in _messages(caplog, logging.WARNING))
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_deleted_log_dir_is_recreated_with_a_warning(tmp_path, caplog):
+    log_dir = tmp_path / "exp"
+
+    def delete():
+        time.sleep(0.5)  # at least one flush reached the file first
+        shutil.rmtree(log_dir)
+
+    model = tiny_model()
+    model.fit(stalled_dataset(40), epochs=1, verbose=0,
+              callbacks=[UtilizationMonitor(str(log_dir), flush_secs=0.2), AtBatch(b20=delete)])
+    assert any("was deleted during the fit; recreating it" in m for m in _messages(caplog, logging.WARNING))
+    run = read_run(str(log_dir))
+    assert run.info["status"] == "finished" and run.info["steps"] == 40
+    assert 0 < len(run.steps) < 40 and run.steps[-1, 0] == 40  # what was on disk before is gone, the rest is there
