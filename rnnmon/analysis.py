@@ -20,8 +20,9 @@ import numpy as np
 
 from rnnmon import metadata as md
 from rnnmon.diagnosis import measured_findings, summary_line
-from rnnmon.findings import Finding, sort_findings
+from rnnmon.findings import Finding, rank_findings
 from rnnmon.imbalance import device_imbalance
+from rnnmon.input_share import pipeline_wait_s, robust_share
 from rnnmon.reader import RunData
 
 INPUT_BOUND_SHARE = 0.20  # the profiler's "highly input-bound"
@@ -46,6 +47,7 @@ def summarize(run: RunData) -> dict[str, Any]:
     step_total = float(duration.sum() + gap.sum())
     wall = step_total + phase_s["eval"] + phase_s["epoch_end"]
     measured = bool(len(wait)) and not np.isnan(wait).all()
+    floor_s = float(run.info.get("fetch_floor_ms") or math.nan) / 1e3
     per_batch_ms = 1e3 * duration / np.maximum(batches, 1)
     summary: dict[str, Any] = {
         "run": run.run,
@@ -68,17 +70,24 @@ def summarize(run: RunData) -> dict[str, Any]:
         "idle_by_cause_s": _idle_by_cause(run.gaps),
         "idle_gaps_by_cause": _gap_counts_by_cause(run.gaps),
         "idle_gap_histogram": _gap_histogram(run.gaps),
-        "shares": {"input": _ratio(np.nansum(wait), step_total) if measured else None,
-                   "host": _ratio(gap.sum(), step_total)},
+        "fetch_floor_ms": run.info.get("fetch_floor_ms"),
+        "shares": {"input": robust_share(pipeline_wait_s(wait, batches, floor_s), duration + gap) if measured
+                   else None, "host": _ratio(gap.sum(), step_total)},
         "alerts": merge_alerts(run.alerts),
         "errors": run.errors,
     }
-    summary["verdict"] = verdict(len(steps), np.nansum(wait) if measured else 0.0, gap.sum(), step_total)
-    recorded = [Finding(**f) for f in run.findings if isinstance(f, dict) and set(f) == set(Finding.__annotations__)]
+    input_wait_s = (summary["shares"]["input"] or 0.0) * step_total  # beyond the fetch floor, robust
+    summary["verdict"] = verdict(len(steps), input_wait_s, gap.sum(), step_total)
+    recorded = [Finding(**f) for f in run.findings if isinstance(f, dict) and _is_finding(f)]
     dynamic = measured_findings(summary) + device_imbalance(summary)
-    summary["findings"] = [f.to_dict() for f in sort_findings(recorded + dynamic)]
+    summary["findings"] = [f.to_dict() for f in rank_findings(recorded + dynamic)]
     summary["summary"] = summary_line(summary)
     return summary
+
+
+def _is_finding(record: dict[str, Any]) -> bool:
+    fields = set(Finding.__annotations__)
+    return fields - {"speedup"} <= set(record) <= fields
 
 
 def merge_alerts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,9 +1,11 @@
 """Findings from what a run measured: input-bound, host-bound, too little work per step, idle validation.
 
 The thresholds follow the TensorFlow profiler's input-pipeline analysis: 20% of step time is "highly"
-input-bound; 15% is high for host time between steps. Below 20% no input finding is made: fetching even a
-ready batch costs ~0.3 ms on a CPU host, which is a noticeable share of a tiny step but nothing a pipeline
-change can remove. Idle validation is judged on measured GPU utilization only.
+input-bound; 15% is high for host time between steps. The input share counts only the wait beyond the
+fetch floor (what fetching a ready batch costs, ~0.3 ms on a CPU host) and leaves out the longest waits
+(rnnmon.input_share); a floor of 10% or more of the step is SMALL_STEP, whose remedy is more work per step,
+not a faster pipeline. Every measured finding carries `speedup`, the Amdahl bound 1 / (1 - share) of
+removing its cause. Idle validation is judged on measured GPU utilization only.
 
 Example:
     >>> summary = summarize(run)             # rnnmon.analysis, which calls this module
@@ -13,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rnnmon.findings import Finding
@@ -21,6 +24,7 @@ INPUT_HIGH = 0.20
 HOST_HIGH = 0.15
 LOW_UTIL_PCT, LOW_SM_ACTIVITY_PCT = 50.0, 30.0
 EVAL_IDLE_SHARE = 0.10
+SMALL_STEP_FLOOR_SHARE, SMALL_STEP_TARGET_SHARE = 0.10, 0.05  # fetch floor / median step
 
 _INPUT_ADVICE = ("End the pipeline with `.prefetch(tf.data.AUTOTUNE)`, give `map` and `interleave` "
                  "`num_parallel_calls=tf.data.AUTOTUNE`, `.cache()` what is loaded or decoded the same way every "
@@ -31,8 +35,12 @@ def measured_findings(summary: dict[str, Any]) -> list[Finding]:
     """Dynamic findings for one run's summary (see rnnmon.analysis.summarize)."""
     if summary["verdict"] == "insufficient-data":
         return []
-    findings = _input(summary) + _host(summary) + _low_work(summary) + _eval_idle(summary)
-    return findings
+    return _input(summary) + _small_step(summary) + _host(summary) + _low_work(summary) + _eval_idle(summary)
+
+
+def amdahl(removable_share: float) -> float:
+    """The most a run speeds up when a cause taking `removable_share` of its time is removed: 1 / (1 - share)."""
+    return round(1.0 / max(1.0 - removable_share, 0.01), 2)
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -58,22 +66,43 @@ def _input(summary: dict[str, Any]) -> list[Finding]:
     share = summary.get("shares", {}).get("input")
     if share is None or share < INPUT_HIGH:
         return []
-    wait, step = summary["input_wait_ms"], summary["step_ms"]
-    message = (f"Input wait is {_pct(share)} of step time: a step waits a median {wait['median']:.2f} ms "
-               f"(p90 {wait['p90']:.2f} ms) for its batch out of a median {step['median']:.2f} ms step.")
-    return [Finding("INPUT_BOUND", "critical", "input pipeline", message, _INPUT_ADVICE)]
+    wait, step, floor = summary["input_wait_ms"], summary["step_ms"], summary.get("fetch_floor_ms")
+    beyond = f"beyond the {floor:.2f} ms any fetch costs, " if floor else ""
+    speedup = amdahl(share)
+    message = (f"Waiting for the input pipeline ({beyond}longest waits left out) is {_pct(share)} of step time: "
+               f"a step waits a median {wait['median']:.2f} ms (p90 {wait['p90']:.2f} ms) for its batch out of a "
+               f"median {step['median']:.2f} ms step. Fixing input wait: up to {speedup:.1f}x shorter steps.")
+    return [Finding("INPUT_BOUND", "critical", "input pipeline", message, _INPUT_ADVICE, speedup)]
+
+
+def _small_step(summary: dict[str, Any]) -> list[Finding]:
+    floor, step = summary.get("fetch_floor_ms"), summary["step_ms"]["median"]
+    if not floor or not step or floor / step < SMALL_STEP_FLOOR_SHARE:
+        return []
+    share = floor / step
+    factor = math.ceil(share / SMALL_STEP_TARGET_SHARE)
+    speedup = amdahl(share * (1 - 1 / factor))
+    message = (f"Fetching a batch that is already there costs {floor:.2f} ms on this host, {_pct(share)} of the "
+               f"median {step:.2f} ms step: a fixed cost per step that no pipeline change removes. Doing {factor}x "
+               f"the work per step brings it under {_pct(SMALL_STEP_TARGET_SHARE)}: up to {speedup:.2f}x shorter "
+               "steps per sample.")
+    advice = (f"Give each step more work: `model.compile(..., steps_per_execution={factor})` (the batches of an "
+              f"execution are fetched inside the graph), or a {factor}x larger batch (scale the learning rate).")
+    return [Finding("SMALL_STEP", "warning", "training step", message, advice, speedup)]
 
 
 def _host(summary: dict[str, Any]) -> list[Finding]:
     share = summary.get("shares", {}).get("host")
     if share is None or share < HOST_HIGH:
         return []
+    speedup = amdahl(share)
     message = (f"Host gaps between steps are {_pct(share)} of step time: after each step the device waited "
-               "for Python (callbacks after rnnmon in the list, the progress bar, metric logging).")
+               "for Python (callbacks after rnnmon in the list, the progress bar, metric logging). "
+               f"Removing them: up to {speedup:.1f}x shorter steps.")
     advice = ("Raise `steps_per_execution` in `model.compile` so several steps run per Python call, use "
               "`verbose=2` instead of the per-step progress bar, and move per-batch callback work to "
               "`on_epoch_end` or every N batches.")
-    return [Finding("HOST_BOUND", "warning", "training loop", message, advice)]
+    return [Finding("HOST_BOUND", "warning", "training loop", message, advice, speedup)]
 
 
 def _low_work(summary: dict[str, Any]) -> list[Finding]:
@@ -103,11 +132,13 @@ def _eval_idle(summary: dict[str, Any]) -> list[Finding]:
     wall = summary["wall_s"]
     if not summary["gpus"] or not wall or idle_s / wall < EVAL_IDLE_SHARE:
         return []
+    speedup = amdahl(idle_s / wall)
     message = (f"The GPU sat idle for {idle_s:.1f} s ({_pct(idle_s / wall)} of training time) "
-               "during validation and epoch ends (checkpoints, callbacks).")
+               "during validation and epoch ends (checkpoints, callbacks). Validating every 5th epoch: up to "
+               f"{amdahl(0.8 * idle_s / wall):.2f}x shorter fit; removing the idle time: up to {speedup:.2f}x.")
     advice = ("Validate less often (`validation_freq=N`), with a larger `validation_batch_size`, on a prefetched "
               "validation pipeline, and save checkpoints less often (`ModelCheckpoint(save_freq=...)`).")
-    return [Finding("EVAL_IDLE", "warning", "validation", message, advice)]
+    return [Finding("EVAL_IDLE", "warning", "validation", message, advice, speedup)]
 
 
 def _pct(share: float | None) -> str:

@@ -22,11 +22,18 @@ class Finding:
     where: str
     message: str
     advice: str
+    speedup: float | None = None  # measured findings: the most that removing the cause can speed up (Amdahl)
 
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, str | float]:
+        """The fields; `speedup` only where there is one (recorded static findings have none)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if not (k == "speedup" and v is None)}
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Most severe first; stable within a severity."""
     return sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity])
+
+
+def rank_findings(findings: list[Finding]) -> list[Finding]:
+    """Findings with a predicted speed-up first, largest first; then the others, most severe first."""
+    return sorted(findings, key=lambda f: (-(f.speedup or 0.0), SEVERITY_ORDER[f.severity]))

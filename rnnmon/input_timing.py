@@ -30,8 +30,11 @@ _ORIGINAL = "__rnnmon_original__"
 
 
 def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
-                        on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool]) -> None:
+                        on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool],
+                        on_first_batch: Callable[[Any], None] | None = None) -> None:
     """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit).
+
+    `on_first_batch` gets the first batch the wrapper fetched, before the step runs on it.
 
     Once `live(caller_frame)` is False (its monitor has stopped, or its fit is over) the wrapper passes the
     call straight through and removes itself.
@@ -44,15 +47,15 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
     iterator_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
     clock = time.perf_counter
 
-    first = [True]
+    pending = {"trace", "first batch"}
 
     def timed_train_function(iterator: Any) -> Any:
         if not live(sys._getframe(1)):
             return _step_aside(model, timed_train_function, original)(iterator)
         if not isinstance(iterator, iterator_types):
             return original(iterator)
-        if first[0]:
-            first[0] = False
+        if "trace" in pending:
+            pending.discard("trace")
             _trace_for_any_batch_size(original, iterator.element_spec)
         try:
             start = clock()
@@ -60,6 +63,10 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
             on_wait(clock() - start, len(batches))
             if not batches:
                 raise StopIteration
+            if "first batch" in pending:
+                pending.discard("first batch")
+                if on_first_batch is not None:
+                    on_first_batch(batches[0])
             return original(batches)
         except StopIteration:
             raise

@@ -27,6 +27,7 @@ from rnnmon.alerting import Alerting
 from rnnmon.alerts import AlertEvent
 from rnnmon.devices import backend_gpu_count, model_cuda_ordinals, nvml_inventory, process_on_devices, select_devices
 from rnnmon.exits import ExitGuard
+from rnnmon.fetch_floor import fetch_floor_s
 from rnnmon.findings import Finding, sort_findings
 from rnnmon.fit_call import find_fit_call
 from rnnmon.fit_scope import FitScope
@@ -368,8 +369,14 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if backend == "jax":
             wrap_jax_train_function(self.model, self._on_wait, self._on_error, self._is_live)
         else:
-            wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live)
+            wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live, self._on_first_batch)
         return "measured"
+
+    def _on_first_batch(self, batch: Any) -> None:
+        floor_s = fetch_floor_s(batch)
+        if not math.isnan(floor_s):
+            self._run_info.update(fetch_floor_ms=round(floor_s * 1e3, 4))
+            self._writer.json(md.RUN_TAG, self._run_info)
 
     def _on_thresholds_change(self, alerting: Alerting) -> None:
         self._run_info.update(thresholds=alerting.thresholds.to_dict(), thresholds_source=alerting.source)
