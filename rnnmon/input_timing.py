@@ -8,7 +8,8 @@ own element spec (batch dimension unknown), as Keras's in-graph loop would: the 
 epoch then reuses that trace instead of tracing again (0.5-1 s on a small LSTM).
 
 JAX backend: Keras calls `next(iterator)` in Python inside `train_function(state, iterator)`, so the wrapper
-hands it the same iterator behind a proxy that times each `next`.
+hands it the same iterator behind a proxy that times each `next`. torch backend: the epoch loop fetches the
+batch before `on_train_batch_begin`; `EpochIteratorTiming` puts the same proxy around its data iterator.
 
 Example:
     >>> wrap_train_function(model, on_wait=lambda seconds, batches: ..., on_error=lambda error: ...)
@@ -151,6 +152,31 @@ class _TimedIterator:
         finally:
             self.waited_s += time.perf_counter() - start
             self.batches += 1
+
+
+class EpochIteratorTiming:
+    """Times the batches Keras's torch epoch loop fetches (before `on_train_batch_begin`, outside any hook).
+
+    The epoch iterator makes each epoch's data iterator with `_get_iterator()`; an instance attribute of that
+    name wraps what it returns in a timing proxy. `take()` gives the wait since the last call.
+    """
+
+    def __init__(self, epoch_iterator: Any) -> None:
+        original = epoch_iterator._get_iterator
+        self._timed = _TimedIterator(iter(()))
+
+        def timed_iterator() -> _TimedIterator:
+            self._timed = _TimedIterator(iter(original()))
+            return self._timed
+
+        epoch_iterator._get_iterator = timed_iterator
+
+    def take(self) -> tuple[float, int]:
+        """(seconds waited, batches fetched) since the last call."""
+        timed = self._timed
+        waited, batches = timed.waited_s, timed.batches
+        timed.waited_s, timed.batches = 0.0, 0
+        return waited, batches
 
 
 def unwrap_train_function(model: Any) -> None:

@@ -31,7 +31,7 @@ from rnnmon.fetch_floor import fetch_floor_s
 from rnnmon.findings import Finding, sort_findings
 from rnnmon.fit_call import find_fit_call
 from rnnmon.fit_scope import FitScope
-from rnnmon.input_timing import unwrap_train_function, wrap_jax_train_function, wrap_train_function
+from rnnmon.input_timing import EpochIteratorTiming, unwrap_train_function, wrap_jax_train_function, wrap_train_function
 from rnnmon.nvml import Nvml
 from rnnmon.pipeline_audit import audit_pipeline
 from rnnmon.placement_audit import audit_placement
@@ -182,6 +182,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._last_end = self._clock()
         self._begin = self._last_end
         self._wait, self._batches = NA, 0
+        self._epoch_timing: EpochIteratorTiming | None = None
         self._open_phase: tuple[str, float] | None = None
         self._fit_begin = self._clock()
         self._warming_up = True
@@ -225,6 +226,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
             return
         self._begin = self._clock()
         self._wait, self._batches = NA, 0
+        if self._epoch_timing is not None:  # torch: the batch was fetched just before this hook
+            self._wait, self._batches = self._epoch_timing.take()
+            self._begin -= self._wait
         if self._open_phase is not None:  # the epoch boundary lasts until the next epoch's first step
             self._close_phase(self._begin)
             self._last_end = self._begin
@@ -354,10 +358,14 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def _install_input_timing(self) -> str:
         backend = keras.backend.backend()
         per_execution = self._per_execution
+        fit = find_fit_call(self.model)
+        if backend == "torch" and fit is not None and self.measure_input_wait is not False:
+            self._epoch_timing = EpochIteratorTiming(fit.epoch_iterator)
+            return "measured"
         if backend not in ("tensorflow", "jax"):
             if self.measure_input_wait:
-                LOG.warning("rnnmon: input wait is measured on the TensorFlow and JAX backends only; on %s it is "
-                            "part of the host gap.", backend)
+                LOG.warning("rnnmon: input wait is measured on the TensorFlow, JAX and torch backends only; on %s "
+                            "it is part of the host gap.", backend)
             return f"not measured: the {backend} backend"
         # On JAX the batches are fetched in Python anyway: timing them costs nothing at any steps_per_execution.
         default = per_execution == 1 or backend == "jax"

@@ -1,4 +1,4 @@
-"""The callback on Keras's JAX and torch backends: steps, phases, input wait (JAX) and the report."""
+"""The callback on Keras's JAX and torch backends: steps, phases, input wait and the report."""
 
 from __future__ import annotations
 
@@ -51,7 +51,9 @@ def test_jax_backend_times_the_input_wait(tmp_path):
     assert summary["verdict"] == "input-bound"
 
 
-def test_torch_backend_counts_the_input_wait_in_the_host_gap(tmp_path):
+def test_torch_backend_times_the_input_wait(tmp_path):
     summary = _fit(tmp_path, "torch")
-    assert summary["input_wait_ms"] is None and summary["input_wait_measured"] == "not measured: the torch backend"
-    assert summary["verdict"] == "host-bound"  # Keras's torch loop fetches the batch before on_train_batch_begin
+    assert summary["input_wait_measured"] == "measured"
+    assert 8.0 < summary["input_wait_ms"]["median"] < 30.0  # the generator's 10 ms, fetched before the hook
+    assert summary["shares"]["host"] < 0.15  # the wait is no longer counted as host gap
+    # No verdict asserted: Keras's torch LSTM step takes 10-300 ms on this shared 2-core machine.
