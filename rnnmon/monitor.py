@@ -35,6 +35,7 @@ from rnnmon.input_timing import EpochIteratorTiming, unwrap_train_function, wrap
 from rnnmon.nvml import Nvml
 from rnnmon.pipeline_audit import audit_pipeline
 from rnnmon.placement_audit import audit_placement
+from rnnmon.preprocessing_audit import audit_preprocessing
 from rnnmon.profiling import ProfileCapture
 from rnnmon.prometheus import PrometheusExporter
 from rnnmon.recorder import Recorder
@@ -183,6 +184,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._begin = self._last_end
         self._wait, self._batches = NA, 0
         self._epoch_timing: EpochIteratorTiming | None = None
+        self._model_audit_pending = False
         self._open_phase: tuple[str, float] | None = None
         self._fit_begin = self._clock()
         self._warming_up = True
@@ -245,6 +247,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._recorder.add_phase("warmup", self._fit_begin, end)
             gap = NA
         self._recorder.add_step((self._global_step, self._epoch, self._begin, end, self._wait, gap, batches))
+        if self._model_audit_pending:
+            self._model_audit_pending = False
+            self._report_findings(self._audit_model())
         if self._profile.pending:
             self._profile.on_step()
         self._last_end = end
@@ -399,7 +404,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
 
     def _audit_setup(self) -> None:
         """RNN layers, the user's training input and device placement, checked once per fit before the first step."""
-        findings = audit_rnn_layers(self.model)
+        # An unbuilt model (a Sequential without Input) has its real layers, shapes and masks after the first step.
+        self._model_audit_pending = not self.model.built
+        findings = [] if self._model_audit_pending else self._audit_model()
         fit = find_fit_call(self.model)
         if fit is None:
             LOG.info("rnnmon: the training input could not be reached from the callback; run "
@@ -416,6 +423,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
             targets = [d.target for d in self._sampler.devices] if self._sampler else []
             findings += audit_placement(nvml_count, framework, process_on_devices(self._nvml, targets), backend)
         self._report_findings(findings)
+
+    def _audit_model(self) -> list[Finding]:
+        return audit_rnn_layers(self.model) + audit_preprocessing(self.model)
 
     def _report_findings(self, findings: list[Finding]) -> None:
         """Log new findings once and record the fit's whole list (the latest record is the one read)."""

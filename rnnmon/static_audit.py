@@ -13,13 +13,14 @@ from typing import Any
 
 from rnnmon.findings import Finding, sort_findings
 from rnnmon.pipeline_audit import audit_pipeline
+from rnnmon.preprocessing_audit import audit_preprocessing
 from rnnmon.rnn_audit import audit_rnn_layers
 
 
 def audit(model: Any, dataset: Any = None, *, batch_size: int | None = None) -> list[Finding]:
-    """RNN-layer and input-pipeline findings, most severe first.
+    """RNN-layer, in-model preprocessing and input-pipeline findings, most severe first.
 
     `dataset` is what you pass to `fit` as `x` (a tf.data.Dataset, a generator, a PyDataset, arrays or
     None); `batch_size` is fit's batch size where the input does not batch itself.
     """
-    return sort_findings(audit_rnn_layers(model) + audit_pipeline(dataset, batch_size))
+    return sort_findings(audit_rnn_layers(model) + audit_preprocessing(model) + audit_pipeline(dataset, batch_size))
