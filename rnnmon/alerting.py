@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
+import tempfile
 from collections.abc import Callable
 
 from rnnmon import metadata as md
@@ -24,16 +26,33 @@ LOG = logging.getLogger("rnnmon")
 _LEVELS_UP = 3
 
 
-def thresholds_files(log_dir: str) -> list[str]:
-    """Where a saved thresholds file applies to `log_dir`, nearest first."""
-    paths, folder = [], os.path.abspath(log_dir)
-    for _ in range(_LEVELS_UP + 1):
-        paths.append(os.path.join(folder, THRESHOLDS_FILE))
+def thresholds_files(log_dir: str, root: str | None = None) -> list[str]:
+    """Where a saved thresholds file applies to `log_dir`, nearest first.
+
+    `log_dir` and up to three folders above it, never above `root` (when given, and `log_dir` is inside it),
+    and never a shared one: the system's temp directory or any folder everyone may write to, where another
+    user could plant a file.
+    """
+    folder = os.path.abspath(log_dir)
+    top = os.path.abspath(root) if root is not None else None
+    if top is not None and os.path.commonpath([folder, top]) != top:
+        top = folder
+    shared = os.path.realpath(tempfile.gettempdir())
+    paths = [os.path.join(folder, THRESHOLDS_FILE)]
+    for _ in range(_LEVELS_UP):
         parent = os.path.dirname(folder)
-        if parent == folder:
+        if parent == folder or folder == top or _shared(parent, shared):
             break
         folder = parent
+        paths.append(os.path.join(folder, THRESHOLDS_FILE))
     return paths
+
+
+def _shared(folder: str, temp_dir: str) -> bool:
+    try:
+        return os.path.realpath(folder) == temp_dir or bool(os.stat(folder).st_mode & stat.S_IWOTH)
+    except OSError:  # not there (yet)
+        return False
 
 
 class Alerting:
@@ -48,12 +67,15 @@ class Alerting:
         on_fire: Called with every firing event after `on_alert` (stop training, start a profile).
         on_change: Called with this object when a thresholds file replaces the thresholds during the fit.
         watch_file: Follow the thresholds file. Defaults to `True`.
+        thresholds_root: The highest folder searched for it (TensorBoard's `--logdir`). Defaults to `None`:
+            three levels up, short of shared folders (see `thresholds_files`).
     """
 
     def __init__(self, thresholds: Thresholds, *, log_dir: str, writer: SummaryWriter, wall_offset_s: float,
                  on_alert: Callable[[AlertEvent], None] | None = None,
                  on_fire: Callable[[AlertEvent], None] | None = None,
-                 on_change: Callable[[Alerting], None] | None = None, watch_file: bool = True) -> None:
+                 on_change: Callable[[Alerting], None] | None = None, watch_file: bool = True,
+                 thresholds_root: str | None = None) -> None:
         self._writer = writer
         self._wall_offset_s = wall_offset_s
         self._on_alert = on_alert
@@ -61,7 +83,7 @@ class Alerting:
         self._on_change = on_change
         self._hooks_off = False
         self.source = "callback"  # or the path of the thresholds file in use
-        self._files = thresholds_files(log_dir) if watch_file else []
+        self._files = thresholds_files(log_dir, thresholds_root) if watch_file else []
         self._seen: tuple[str, float] | None = None
         self._engine = AlertEngine(thresholds, wall_offset_s=wall_offset_s)
         self._reload(now=None)

@@ -40,6 +40,7 @@ from rnnmon.profiling import ProfileCapture
 from rnnmon.prometheus import PrometheusExporter
 from rnnmon.recorder import Recorder
 from rnnmon.rnn_audit import audit_rnn_layers
+from rnnmon.run_lock import RunLock
 from rnnmon.sampler import Sampler
 from rnnmon.thresholds import Thresholds
 from rnnmon.ticker import Ticker
@@ -84,6 +85,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         profile_steps_on_alert: Capture a profiler trace of this many steps after the first alert, into
             `log_dir/rnnmon` (TensorBoard's Profile tab). Defaults to `0` (off).
         watch_thresholds: Follow the thresholds file saved by the tab. Defaults to `True`.
+        thresholds_root: The highest folder searched for that file, e.g. TensorBoard's `--logdir`. Only a
+            regular file owned by this user or root, of at most 16 KiB, is followed, and never one in the
+            system's temp directory or a world-writable folder. Defaults to `None` (up to three folders up).
         audit: Check the model's RNN layers, the input pipeline and device placement at the start and record
             the findings. Defaults to `True`.
         prometheus_port: Serve Prometheus metrics on this port (0 picks a free one and logs it); see
@@ -109,7 +113,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
                  thresholds: Thresholds | dict[str, Any] | None = None,
                  on_alert: Callable[[AlertEvent], None] | None = None,
                  stop_on_alert: bool | Sequence[str] = False, profile_steps_on_alert: int = 0,
-                 watch_thresholds: bool = True, audit: bool = True, prometheus_port: int | None = None,
+                 watch_thresholds: bool = True, thresholds_root: str | None = None,
+                 audit: bool = True, prometheus_port: int | None = None,
                  prometheus_addr: str = "127.0.0.1", prometheus_job: str = "rnnmon") -> None:
         super().__init__()
         _require(0.05 <= sample_interval_s <= 60, "sample_interval_s", sample_interval_s, "between 0.05 and 60")
@@ -141,6 +146,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self.stop_on_alert = stop_on_alert
         self.profile_steps_on_alert = profile_steps_on_alert
         self.watch_thresholds = watch_thresholds
+        self.thresholds_root = thresholds_root
         self.audit = audit
         self._exporter = None if prometheus_port is None else PrometheusExporter(job=prometheus_job,
                                                                                   worker=self.worker or "0")
@@ -169,6 +175,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._start()
         except Exception as error:  # e.g. an unwritable log_dir: train anyway, unmonitored
             LOG.error("rnnmon: monitoring is off for this fit: %s: %s", type(error).__name__, error)
+            if getattr(self, "_writer", None) is None and getattr(self, "_run_lock", None) is not None:
+                self._run_lock.release()
             if self.model is not None:
                 unwrap_train_function(self.model)
             if self._sampler is not None:
@@ -195,11 +203,18 @@ class UtilizationMonitor(keras.callbacks.Callback):
             ordinals = model_cuda_ordinals(self.model, keras.backend.backend())
             self._sampler = sampler = Sampler(
                 self._nvml, select_devices(self._nvml, self.devices, model_ordinals=ordinals), self._clock)
-        self._writer = SummaryWriter(self.run_dir)
+        self._run_lock = RunLock(self.run_dir)
+        self._run_lock.acquire()  # a second writer of this run: monitoring is off for this fit
+        try:
+            self._writer = SummaryWriter(self.run_dir)
+        except BaseException:
+            self._run_lock.release()
+            raise
         self._profile = ProfileCapture(self.run_dir, self.profile_steps_on_alert)
         self._alerting = Alerting(self.thresholds, log_dir=self.log_dir, writer=self._writer,
                                   wall_offset_s=self._wall_offset, on_alert=self.on_alert, on_fire=self._on_fire,
-                                  on_change=self._on_thresholds_change, watch_file=self.watch_thresholds)
+                                  on_change=self._on_thresholds_change, watch_file=self.watch_thresholds,
+                                  thresholds_root=self.thresholds_root)
         self._recorder = Recorder(self._writer, sampler, self._wall_offset, idle_pct=self.idle_pct,
                                   min_gap_s=self.min_gap_s, on_chunk=self._on_chunk)
         if self._exporter is not None and sampler is not None:
@@ -358,6 +373,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
                     time.sleep(self.flush_secs)
                     written = self._writer.flush()
             self._writer.close()
+            self._run_lock.release()
             self._final_done.set()
 
     def _install_input_timing(self) -> str:

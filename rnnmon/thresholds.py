@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -196,17 +197,52 @@ class Thresholds:
                 for rule, group in dataclasses.asdict(self).items()}
 
 
-def load_thresholds_file(path: str | os.PathLike[str]) -> Thresholds | None:
-    """The thresholds saved at `path`, or None when there is no file; bad content raises ValueError."""
+MAX_FILE_BYTES = 16 << 10  # a saved file is ~1.5 KiB
+
+
+def read_thresholds_text(path: str | os.PathLike[str]) -> str | None:
+    """The text of the thresholds file at `path`, or None when there is none.
+
+    Only a regular file, not a symlink, owned by this user or root, of at most `MAX_FILE_BYTES`, is read
+    (opened without following links and without blocking, so a FIFO never hangs); anything else raises
+    ValueError naming the reason, never the content.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
+        fd = os.open(path, flags)
     except FileNotFoundError:
+        return None
+    except OSError as error:
+        if os.path.islink(path):
+            raise ValueError(f"{os.fspath(path)} is a symbolic link; only a regular file is read") from None
+        raise ValueError(f"{os.fspath(path)} cannot be opened: {error.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{os.fspath(path)} is not a regular file")
+        if info.st_uid not in (os.getuid(), 0):
+            raise ValueError(f"{os.fspath(path)} belongs to another user (uid {info.st_uid}); only files of this "
+                             f"user or root are followed")
+        data = file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"{os.fspath(path)} is larger than {MAX_FILE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{os.fspath(path)} is not UTF-8 text") from None
+
+
+def load_thresholds_file(path: str | os.PathLike[str]) -> Thresholds | None:
+    """The thresholds saved at `path`, or None when there is no file; a bad or unsafe file raises ValueError."""
+    text = read_thresholds_text(path)
+    if text is None:
         return None
     try:
         return Thresholds.from_dict(json.loads(text))
     except json.JSONDecodeError as error:
         raise ValueError(f"{os.fspath(path)} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError(f"{os.fspath(path)} is nested too deeply") from None
     except ValueError as error:
         raise ValueError(f"{os.fspath(path)}: {error}") from None
 
@@ -240,15 +276,28 @@ def _check_number(group: Any, key: str, low: float, high: float = math.inf, *, l
     """Raise ValueError unless `group.key` is a finite number (an int if `integer`) in the range given."""
     value = getattr(group, key)
     kinds = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, kinds) or not _finite(value):
         raise ValueError(f"{group.RULE}.{key} must be {'an integer' if integer else 'a finite number'}. "
-                         f"Received: {value!r}")
+                         f"Received: {_short(value)}")
     if (value <= low if low_open else value < low) or value > high:
         if high < math.inf:
             span = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
         else:
             span = f"{'>' if low_open else '>='} {low:g}"
-        raise ValueError(f"{group.RULE}.{key} must be {span}{f' ({note})' if note else ''}. Received: {value!r}")
+        raise ValueError(f"{group.RULE}.{key} must be {span}{f' ({note})' if note else ''}. "
+                         f"Received: {_short(value)}")
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float (a 400-digit number)
+        return False
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def _check_keys(where: str, data: Any, valid: list[str]) -> None:

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 
@@ -155,3 +156,28 @@ def test_deleted_log_dir_is_recreated_with_a_warning(tmp_path, caplog):
     run = read_run(str(log_dir))
     assert run.info["status"] == "finished" and run.info["steps"] == 40
     assert 0 < len(run.steps) < 40 and run.steps[-1, 0] == 40  # what was on disk before is gone, the rest is there
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_second_writer_of_a_run_is_refused_and_trains_unmonitored(tmp_path, caplog):
+    run_dir = tmp_path / "exp" / "rnnmon"
+    run_dir.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(run_dir / 'rnnmon.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode())\n"
+        "print('locked', flush=True); time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        model = tiny_model()
+        history = model.fit(stalled_dataset(10), epochs=1, verbose=0,
+                            callbacks=[UtilizationMonitor(str(tmp_path / "exp"))])
+        assert len(history.history["loss"]) == 1
+        errors = _messages(caplog, logging.ERROR)
+        assert len(errors) == 1 and f"another monitor (pid {holder.pid}) is writing" in errors[0]
+        assert not any("tfevents" in name for name in os.listdir(run_dir))
+    finally:
+        holder.kill()
+        holder.wait()
+    model.fit(stalled_dataset(10), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path / "exp"))])
+    assert read_run(str(tmp_path / "exp")).info["status"] == "finished"  # the dead holder's lock is gone
