@@ -6,9 +6,9 @@ then summed per group of tags:
 - `gpu`: `rnnmon/util/gpu*`, `rnnmon/stats/gpu*` and the `rnnmon/gpu*/` scalars, per GPU-second;
 - `gaps`, `scalars` (the run-wide Scalars-tab means), `other` (host, phases, documents, file header).
 
-The real fit is a tiny LSTM trained for `--fit-s` seconds on the fake NVML library (tests/fake_nvml.py: the real
-pynvml binding runs), with UtilizationMonitor's defaults, so its bytes per step and per GPU-second can be set
-beside the synthetic runs' (benchmarks/synthetic_run.py, same Recorder and writer on a virtual clock).
+The real fit is one fit of a tiny LSTM for about `--fit-s` seconds on the fake NVML library (tests/fake_nvml.py:
+the real pynvml binding runs), with UtilizationMonitor's defaults, so its bytes per step and per GPU-second can
+be set beside the synthetic runs' (benchmarks/synthetic_run.py, same Recorder and writer on a virtual clock).
 
 Usage:
     python benchmarks/disk_size.py [--steps 100000] [--fit-s 30] [--json]
@@ -73,7 +73,7 @@ def figures(run_dir: str, steps: int, seconds: float, gpus: int) -> dict[str, An
 
 
 def real_fit(seconds: float) -> dict[str, Any]:
-    """A tiny LSTM fit of about `seconds` on one fake GPU, monitored with the defaults."""
+    """One tiny-LSTM fit of about `seconds` on one fake GPU, monitored with the defaults."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import numpy as np
@@ -85,18 +85,16 @@ def real_fit(seconds: float) -> dict[str, Any]:
     y = x.sum(axis=(1, 2))[:, None]
     model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1)])
     model.compile("adam", "mse")
+    started = time.perf_counter()
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # tracing, and the time of an epoch
+    epochs = max(1, round(seconds / (time.perf_counter() - started)))
     logdir = tempfile.mkdtemp(prefix="rnnmon-disk-")
     with installed(FakeNvmlLib([FakeGpu(utilization=lambda t: 20.0 + 70.0 * (int(t * 3) % 2),
                                         pids=[os.getpid()])])):
-        monitor = UtilizationMonitor(logdir)
         started = time.perf_counter()
-        epochs = 0
-        history = 0
-        while time.perf_counter() - started < seconds:
-            model.fit(x, y, batch_size=32, epochs=epochs + 1, initial_epoch=epochs, verbose=0, callbacks=[monitor])
-            epochs += 1
-            history += len(x) // 32
+        model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=[UtilizationMonitor(logdir)])
         elapsed = time.perf_counter() - started
+    history = epochs * (len(x) // 32)
     return figures(os.path.join(logdir, "rnnmon"), history, elapsed, 1)
 
 

@@ -27,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import math
 import struct
 import zlib
 
@@ -63,8 +65,12 @@ _STEPS_LAYOUT = 1
 _STEP_ROW = np.dtype([("duration_us", "<i4"), ("input_wait_us", "<i4"), ("host_gap_us", "<i4")])
 _STORAGE = {"t": "<i4", "d": "<i4", "u1": "u1", "i1": "i1", "f4": "<f4", "f2": "<f2"}
 _INT_RANGE = {"u1": (0, 255), "i1": (-128, 127)}
+_ROW_DTYPES = {tuple(fields): np.dtype([(name, _STORAGE[code]) for name, code in fields.items()])
+               for _, fields in _LAYOUTS.values()}
+_ITEMSIZE = {layout_id: _ROW_DTYPES[tuple(fields)].itemsize for layout_id, fields in _LAYOUTS.values()}
 
 
+@functools.lru_cache(maxsize=1024)
 def _layout(tag: str) -> tuple[int, dict[str, str]] | None:
     for key, layout in _LAYOUTS.items():
         if tag == key or (key.endswith("gpu") and tag.startswith(key)):
@@ -73,7 +79,7 @@ def _layout(tag: str) -> tuple[int, dict[str, str]] | None:
 
 
 def _row_dtype(fields: dict[str, str]) -> np.dtype:
-    return np.dtype([(name, _STORAGE[code]) for name, code in fields.items()])
+    return _ROW_DTYPES[tuple(fields)]
 
 
 def packable(tag: str) -> bool:
@@ -167,7 +173,7 @@ def _unpack(tag: str, blob: bytes) -> tuple[bytes, int, int, float]:
     magic, layout_id, rows, exceptions, anchor = _HEAD.unpack_from(blob)
     if magic != MAGIC:
         raise FormatError("packed chunk without the rnm2 magic")
-    if rows > MAX_ROWS or exceptions > rows or not np.isfinite(anchor):
+    if rows > MAX_ROWS or exceptions > rows or not math.isfinite(anchor):
         raise FormatError(f"packed chunk header claims {rows} rows, {exceptions} exceptions, anchor {anchor}")
     compressed, layout_id = bool(layout_id & _ZLIB), layout_id & ~_ZLIB
     if tag == md.STEPS_TAG:
@@ -180,7 +186,7 @@ def _unpack(tag: str, blob: bytes) -> tuple[bytes, int, int, float]:
             raise FormatError(f"layout {layout_id} does not belong to {tag}")
         if exceptions:
             raise FormatError(f"{exceptions} exceptions in a layout that has none")
-        expected = rows * _row_dtype(layout[1]).itemsize
+        expected = rows * _ITEMSIZE[layout_id]
     return _body(blob, compressed, expected), rows, exceptions, anchor
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -164,7 +165,7 @@ class RunReader:
                 key = (datum.step, datum.wall_time)  # two writers may stamp the same step, never the same time too
                 if key not in seen:
                     seen.add(key)
-                    self._add(tag, datum.step, lambda d=datum: _raw_from_array(d.numpy))
+                    self._add(tag, datum.step, datum.numpy)
         return self._commit()
 
     def update_from_files(self, run_dir: str) -> RunData:
@@ -210,27 +211,31 @@ class RunReader:
             if content is None:
                 continue  # not rnnmon's (its scalars, another plugin)
             self._last_write = max(self._last_write, event.wall_time)
-            self._add(tag, event.step, lambda v=value: _raw_from_proto(v.tensor) if v.HasField("tensor") else None)
+            self._add(tag, event.step, value, from_proto=True)
 
     # --- decoding ----------------------------------------------------------------------------------------
-    def _add(self, tag: str, step: int, raw: Any) -> None:
+    def _add(self, tag: str, step: int, value: Any, from_proto: bool = False) -> None:
+        """Stage one value (a summary value's proto, or the provider's array) of `tag` for `_commit`."""
         self.chunks_decoded += 1
         try:
-            value = raw()
-            if value is None:
-                raise InvalidRecord("not a tensor")
-            if tag in (md.RUN_TAG, md.FINDINGS_TAG, md.ALERTS_TAG):
+            if from_proto:
+                if not value.HasField("tensor"):
+                    raise InvalidRecord("not a tensor")
+                value = _raw_from_proto(value.tensor)
+            else:
+                value = _raw_from_array(value)
+            width = _table_width(tag)
+            if width == _DOCUMENT:
                 self._add_document(tag, step, _document(value))
                 return
-            columns = md.columns_for(tag)
-            if columns is None:
+            if width == _IGNORED:
                 return  # a tag from a newer rnnmon: ignore it
-            if tag.startswith((md.UTIL_TAG_PREFIX, md.STATS_TAG_PREFIX)) and md.device_of(tag) is None:
+            if width == _BAD_DEVICE:
                 raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
             if isinstance(value, bytes) and value[:4] != packing.MAGIC:
                 raise InvalidRecord("a string where a table belongs")
-            if not isinstance(value, bytes) and value.shape[1] != len(columns):
-                raise InvalidRecord(f"expected rows of {len(columns)} columns, found shape {value.shape}")
+            if not isinstance(value, bytes) and value.shape[1] != width:
+                raise InvalidRecord(f"expected rows of {width} columns, found shape {value.shape}")
         except (InvalidRecord, ValueError, TypeError, UnicodeDecodeError) as error:
             self._error(f"{tag} at step {step}: {error}")
             return
@@ -312,6 +317,20 @@ class RunReader:
 
 
 _TABLE_FIELDS = {md.STEPS_TAG: "steps", md.PHASES_TAG: "phases", md.HOST_TAG: "host", md.GAPS_TAG: "gaps"}
+_DOCUMENT, _IGNORED, _BAD_DEVICE = -1, -2, -3
+
+
+@functools.lru_cache(maxsize=1024)
+def _table_width(tag: str) -> int:
+    """The column count of `tag`'s table, or what else the tag is: a document, unknown, a malformed device tag."""
+    if tag in (md.RUN_TAG, md.FINDINGS_TAG, md.ALERTS_TAG):
+        return _DOCUMENT
+    columns = md.columns_for(tag)
+    if columns is None:
+        return _IGNORED
+    if tag.startswith((md.UTIL_TAG_PREFIX, md.STATS_TAG_PREFIX)) and md.device_of(tag) is None:
+        return _BAD_DEVICE
+    return len(columns)
 
 
 def read_logdir(logdir: str, runs: list[str] | None = None) -> dict[str, RunData]:
