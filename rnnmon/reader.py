@@ -18,6 +18,7 @@ Example:
     >>> runs["exp1/rnnmon"].steps[:, 0]                 # global step numbers
     >>> reader = RunReader("exp1/rnnmon")               # held per run by the tab, across reloads
     >>> data = reader.update_from_provider(provider, ctx, experiment_id)   # or .update_from_files(run_dir)
+    >>> reader.check_files(run_dir)                     # with the provider: damage it cannot see, cheaply
     >>> data.errors                                     # [] when every record read
 """
 
@@ -30,6 +31,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -127,7 +129,8 @@ class RunReader:
         self._fits: set[tuple[Any, Any]] = set()
         self._errors: dict[str, None] = {}
         self._last_write = 0.0
-        self._offsets: dict[str, int] = {}
+        self._offsets: dict[str, int] = {}  # per event file: bytes read (update_from_files) and checked
+        self._checked: dict[str, int] = {}
         self._staged: dict[str, list[tuple[int, np.ndarray]]] = {}
         self.chunks_decoded = 0  # values decoded so far: an update adds only the new ones
 
@@ -173,33 +176,48 @@ class RunReader:
         from google.protobuf.message import DecodeError
         from tensorboard.compat.proto import event_pb2
 
-        try:
-            names = sorted(name for name in os.listdir(run_dir) if EVENT_FILE_MARK in name)
-        except OSError as error:
-            self._error(f"cannot list {run_dir}: {error.strerror or error}")
-            names = []
-        for name in names:
-            path = os.path.join(run_dir, name)
-            try:
-                scan = scan_records(path, self._offsets.get(name, 0))
-                modified = os.path.getmtime(path)
-            except OSError as error:
-                self._error(f"{name}: cannot read: {error.strerror or error}")
-                continue
-            self._offsets[name] = scan.offset
-            if scan.problem:
-                self._error(f"{name}: {scan.problem}")
-            if scan.truncated and time.time() - modified > TAIL_GRACE_S:
-                self._error(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
-            for index, record in enumerate(scan.records):
+        for name, records in self._scan(run_dir, self._offsets):
+            for record in records:
                 try:
                     event = event_pb2.Event.FromString(record)
                 except DecodeError:
-                    self._error(f"{name}: record {index} after byte {scan.offset} is not an event")
+                    self._error(f"{name}: a checksummed record that is not an event")
                     continue
                 if event.HasField("summary"):
                     self._add_event(event)
         return self._commit()
+
+    def check_files(self, run_dir: str) -> list[str]:
+        """Walk the new bytes of the run's event files for damage (checksums, truncation) without decoding.
+
+        For a reader fed by `update_from_provider`, which cannot see damage: what is found joins the run's
+        `errors`. Returns the errors so far. Cost: a CRC pass over the bytes written since the last call.
+        """
+        for _ in self._scan(run_dir, self._checked):
+            pass
+        return list(self._errors)
+
+    def _scan(self, run_dir: str, offsets: dict[str, int]) -> Iterator[tuple[str, list[bytes]]]:
+        """(file name, new whole records) per event file in `run_dir`; damage is recorded as errors."""
+        try:
+            names = sorted(name for name in os.listdir(run_dir) if EVENT_FILE_MARK in name)
+        except OSError as error:
+            self._error(f"cannot list {run_dir}: {error.strerror or error}")
+            return
+        for name in names:
+            path = os.path.join(run_dir, name)
+            try:
+                scan = scan_records(path, offsets.get(name, 0))
+                modified = os.path.getmtime(path)
+            except OSError as error:
+                self._error(f"{name}: cannot read: {error.strerror or error}")
+                continue
+            offsets[name] = scan.offset
+            if scan.problem:
+                self._error(f"{name}: {scan.problem}")
+            if scan.truncated and time.time() - modified > TAIL_GRACE_S:
+                self._error(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
+            yield name, scan.records
 
     def _add_event(self, event: Any) -> None:
         for value in event.summary.value:

@@ -253,3 +253,18 @@ def test_scan_resumes_after_a_half_written_record(tmp_path):
     with open(path, "ab") as f:
         f.write(data[-5:])
     assert scan_records(path, first.offset).records == [b"two"]
+
+
+def test_check_files_finds_the_damage_the_data_provider_hides(tmp_path):
+    _healthy(tmp_path, "flipped")
+    path = _one_file(tmp_path / "flipped" / "rnnmon")
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x10]))
+    provider, ctx = open_logdir(str(tmp_path))
+    reader = RunReader("flipped/rnnmon")
+    assert reader.update_from_provider(provider, ctx).errors == []  # TensorBoard's loader says nothing
+    assert any("checksum mismatch" in e for e in reader.check_files(str(tmp_path / "flipped" / "rnnmon")))
+    assert reader.check_files(str(tmp_path / "flipped" / "rnnmon")) == reader.data().errors  # no new bytes read
