@@ -36,12 +36,13 @@ _STAT = {name: i for i, name in enumerate(md.STAT_COLUMNS)}
 
 def summarize(run: RunData) -> dict[str, Any]:
     """The report's dictionary for one run (see `rnnmon report --json`)."""
-    warm = np.isnan(run.steps[:, _S["host_gap_ms"]])  # each fit's first step: tracing, iterator creation
-    steps = run.steps[~warm]
-    batches = steps[:, _S["batches"]]
-    duration = steps[:, _S["end"]] - steps[:, _S["begin"]]
-    wait = steps[:, _S["input_wait_ms"]] / 1e3
-    gap = steps[:, _S["host_gap_ms"]] / 1e3
+    kept = ~np.isnan(run.steps[:, _S["host_gap_ms"]])  # each fit's first step: tracing, iterator creation
+    column = {name: run.steps[kept, _S[name]]  # column by column: no copy of the whole table
+              for name in ("begin", "end", "input_wait_ms", "host_gap_ms", "batches")}
+    batches = column["batches"]
+    duration = column["end"] - column["begin"]
+    wait = column["input_wait_ms"] / 1e3
+    gap = column["host_gap_ms"] / 1e3
     phase_s = {kind: float(np.sum((run.phases[:, 2] - run.phases[:, 1])[run.phases[:, 0] == k]))
                for k, kind in enumerate(md.PHASE_KINDS)}
     step_total = float(duration.sum() + gap.sum())
@@ -77,7 +78,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "errors": run.errors,
     }
     input_wait_s = (summary["shares"]["input"] or 0.0) * step_total  # beyond the fetch floor, robust
-    summary["verdict"] = verdict(len(steps), input_wait_s, gap.sum(), step_total)
+    summary["verdict"] = verdict(len(duration), input_wait_s, gap.sum(), step_total)
     recorded = [Finding(**f) for f in run.findings if isinstance(f, dict) and _is_finding(f)]
     dynamic = measured_findings(summary) + device_imbalance(summary)
     summary["findings"] = [f.to_dict() for f in rank_findings(recorded + dynamic)]
@@ -177,7 +178,8 @@ def _percentiles(values: np.ndarray) -> dict[str, float | None]:
     values = values[~np.isnan(values)]  # fits without input timing mixed with fits with it
     if not len(values):
         return {"median": None, "p90": None}
-    return {"median": _round(float(np.median(values))), "p90": _round(float(np.percentile(values, 90)))}
+    median, p90 = np.percentile(values, [50, 90])
+    return {"median": _round(float(median)), "p90": _round(float(p90))}
 
 
 def _ratio(part: float, whole: float) -> float | None:
