@@ -480,14 +480,14 @@ def _is_number(value: Any) -> bool:
 
 _DESCRIPTION_TYPES: dict[str, tuple[type, ...]] = {
     "status": (str,), "backend": (str,), "keras": (str,), "host": (str,), "input_wait": (str,), "nvml": (str,),
-    "gpus": (list,)}
+    "gpus": (list,), "worker": (str,), "thresholds": (dict,)}
 
 
 def _check_description(doc: dict[str, Any]) -> None:
     for key, types in _DESCRIPTION_TYPES.items():
         if doc.get(key) is not None and not isinstance(doc[key], types):
             raise InvalidRecord(f"run description field {key!r} is a {type(doc[key]).__name__}")
-    for key in ("start", "end", "idle_pct", "steps", "steps_per_execution"):
+    for key in ("start", "end", "idle_pct", "steps", "steps_per_execution", "fetch_floor_ms"):
         if doc.get(key) is not None and not _is_number(doc[key]):
             raise InvalidRecord(f"run description field {key!r} is not a finite number: {doc[key]!r:.40}")
 

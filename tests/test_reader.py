@@ -161,6 +161,7 @@ def test_a_live_writers_half_written_record_is_not_an_error_yet(tmp_path):
 @pytest.mark.parametrize(("tag", "tensor", "complaint"), [
     (md.RUN_TAG, _text("[1, 2]"), "not a JSON object"),
     (md.RUN_TAG, _text('{"idle_pct": "low"}'), "idle_pct"),
+    (md.RUN_TAG, _text('{"fetch_floor_ms": "0.3"}'), "fetch_floor_ms"),
     (md.FINDINGS_TAG, _text(json.dumps([{"code": "X", "severity": "fatal", "where": "", "message": "", "advice": ""}])),
      "severity"),
     (md.ALERTS_TAG, _text('["firing"]'), "not a JSON object"),
