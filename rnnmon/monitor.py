@@ -155,6 +155,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._sampler: Sampler | None = None
         self._active = False
         self._global_step = 0
+        self._logged_findings: set[Finding] = set()
         self._exits = ExitGuard(self._finish)
         self._finish_lock = threading.Lock()
         self._pid = os.getpid()
@@ -444,8 +445,12 @@ class UtilizationMonitor(keras.callbacks.Callback):
         return audit_rnn_layers(self.model) + audit_preprocessing(self.model)
 
     def _report_findings(self, findings: list[Finding]) -> None:
-        """Log new findings once and record the fit's whole list (the latest record is the one read)."""
+        """Log findings this monitor has not logged before (in this fit or an earlier one) and record the fit's
+        whole list (the latest record is the one read)."""
         for finding in findings:
+            if finding in self._logged_findings:
+                continue
+            self._logged_findings.add(finding)
             level = logging.INFO if finding.severity == "info" else logging.WARNING
             LOG.log(level, "rnnmon %s %s at %s: %s Fix: %s", finding.severity, finding.code, finding.where,
                     finding.message, finding.advice)

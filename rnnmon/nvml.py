@@ -78,6 +78,7 @@ class Nvml:
         self._caller: _Caller | None = None
         self.deadline_s = deadline_s
         self._warned: set[tuple[str, int | None]] = set()
+        self._cpu_only_reason: str | None = None
         self._hung: set[tuple[str, int | None]] = set()
         self.lost: set[int] = set()  # device indices that answered GPU_IS_LOST
 
@@ -95,15 +96,20 @@ class Nvml:
 
                 pynvml.nvmlInit()
             except ImportError:
-                LOG.warning("rnnmon: the pynvml module (nvidia-ml-py) is not installed; CPU-only mode: "
-                            "step timing works, GPU metrics are off.")
+                self._say_cpu_only("the pynvml module (nvidia-ml-py) is not installed")
                 return False
             except Exception as error:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-                LOG.warning("rnnmon: NVML is unavailable (%s); CPU-only mode: step timing works, "
-                            "GPU metrics are off.", _describe(error))
+                self._say_cpu_only(f"NVML is unavailable ({_describe(error)})")
                 return False
             self._pynvml = pynvml
+            self._cpu_only_reason = None
             return True
+
+    def _say_cpu_only(self, reason: str) -> None:
+        """One log line per reason: a monitor reused over many fits says it once, and again if it changes."""
+        if reason != self._cpu_only_reason:
+            self._cpu_only_reason = reason
+            LOG.warning("rnnmon: %s; CPU-only mode: step timing works, GPU metrics are off.", reason)
 
     def shutdown(self) -> None:
         with self._caller_lock:
