@@ -82,7 +82,7 @@ class PrometheusExporter:
                       "%s:%s (%s)", addr, port, error.strerror or error)
             return None
         self.port = int(server.server_port)
-        LOG.info("rnnmon: Prometheus metrics at http://%s:%d/metrics", addr, self.port)
+        LOG.warning("rnnmon: Prometheus metrics at http://%s:%d/metrics", addr, self.port)  # 0: which port
         return self.port
 
     def add_devices(self, indices: Iterable[int]) -> None:

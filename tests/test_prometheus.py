@@ -50,7 +50,7 @@ class ScrapeDuringFit(keras.callbacks.Callback):
             self.families = scrape(self.monitor.prometheus_port)
 
 
-def test_endpoint_during_a_fit_has_every_documented_name_and_counters_grow(tmp_path):
+def test_endpoint_during_a_fit_has_every_documented_name_and_counters_grow(tmp_path, rnnmon_warnings):
     documented = documented_metrics()
     assert len(documented) == 8, documented
     half_idle = FakeGpu(utilization=lambda t: 0.0 if t % 0.6 < 0.3 else 90.0, pids=[os.getpid()])
@@ -60,6 +60,7 @@ def test_endpoint_during_a_fit_has_every_documented_name_and_counters_grow(tmp_p
         scraper = ScrapeDuringFit(monitor, at_batch=100)
         tiny_model().fit(stalled_dataset(200, 0.01, prefetch="none"), epochs=1, verbose=0, callbacks=[monitor, scraper])
     during, after = scraper.families, scrape(monitor.prometheus_port)
+    assert f"rnnmon: Prometheus metrics at http://127.0.0.1:{monitor.prometheus_port}/metrics" in rnnmon_warnings()
     assert during is not None
     names = {sample.name for samples in after.values() for sample in samples}
     for name, kind in documented.items():
