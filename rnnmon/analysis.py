@@ -72,6 +72,8 @@ def summarize(run: RunData) -> dict[str, Any]:
         "idle_gaps_by_cause": _gap_counts_by_cause(run.gaps),
         "idle_gap_histogram": _gap_histogram(run.gaps),
         "fetch_floor_ms": run.info.get("fetch_floor_ms"),
+        "callback_ms_per_step": {name: round(1e3 * float(seconds) / max(len(run.steps), 1), 4)
+                                 for name, seconds in (run.info.get("callback_hooks_s") or {}).items()},
         "shares": {"input": robust_share(pipeline_wait_s(wait, batches, floor_s), duration + gap) if measured
                    else None, "host": _ratio(gap.sum(), step_total)},
         "alerts": merge_alerts(run.alerts),

@@ -97,12 +97,25 @@ def _host(summary: dict[str, Any]) -> list[Finding]:
         return []
     speedup = amdahl(share)
     message = (f"Host gaps between steps are {_pct(share)} of step time: after each step the device waited "
-               "for Python (callbacks after rnnmon in the list, the progress bar, metric logging). "
-               f"Removing them: up to {speedup:.1f}x shorter steps.")
+               f"for Python. {_callback_blame(summary)} Removing them: up to {speedup:.1f}x shorter steps.")
     advice = ("Raise `steps_per_execution` in `model.compile` so several steps run per Python call, use "
               "`verbose=2` instead of the per-step progress bar, and move per-batch callback work to "
               "`on_epoch_end` or every N batches.")
     return [Finding("HOST_BOUND", "warning", "training loop", message, advice, speedup)]
+
+
+def _callback_blame(summary: dict[str, Any]) -> str:
+    """Which callback's batch hooks take the host time, from the timing of each; or that none does."""
+    timed = summary.get("callback_ms_per_step") or {}
+    if not timed:
+        return "(Other callbacks' hooks were not timed: the fit call was not reachable.)"
+    name, ms = max(timed.items(), key=lambda item: item[1])
+    step = summary["step_ms"]["median"] or 0.0
+    gap_ms = step * summary["shares"]["host"] / max(1 - summary["shares"]["host"], 0.01)
+    if ms >= 0.5 * gap_ms:
+        return f"The batch hooks of {name} take {ms:.2f} ms per step of the about {gap_ms:.2f} ms host gap."
+    return (f"Callbacks' batch hooks take {sum(timed.values()):.2f} ms per step of the about {gap_ms:.2f} ms host "
+            "gap: the time is outside callbacks (Keras's loop, logging, garbage collection).")
 
 
 def _low_work(summary: dict[str, Any]) -> list[Finding]:

@@ -25,6 +25,7 @@ import keras
 from rnnmon import metadata as md
 from rnnmon.alerting import Alerting
 from rnnmon.alerts import AlertEvent
+from rnnmon.callback_timing import CallbackTiming
 from rnnmon.devices import backend_gpu_count, model_cuda_ordinals, nvml_inventory, process_on_devices, select_devices
 from rnnmon.exits import ExitGuard
 from rnnmon.fetch_floor import fetch_floor_s
@@ -194,6 +195,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._wait, self._batches = NA, 0
         self._epoch_timing: EpochIteratorTiming | None = None
         self._model_audit_pending = False
+        fit = find_fit_call(self.model)
+        self._callback_timing = CallbackTiming(fit.callbacks.callbacks, skip=self) if fit is not None else None
         self._open_phase: tuple[str, float] | None = None
         self._fit_begin = self._clock()
         self._warming_up = True
@@ -339,6 +342,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._close_phase(self._clock())
         if self.model is not None:
             unwrap_train_function(self.model)
+        if self._callback_timing is not None:
+            self._callback_timing.remove()
         self._final_status = status
         self._poller.stop(timeout_s=0)
         self._flusher.stop(timeout_s=0)  # its thread writes the end (`_write_final`)
@@ -361,6 +366,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
                 self._exporter.fit_ended()
             self._profile.close()
             self._run_info.update(status=self._final_status, end=time.time(), steps=self._global_step)
+            if self._callback_timing is not None:
+                self._run_info.update(callback_hooks_s={name: round(seconds, 6) for name, seconds
+                                                        in self._callback_timing.totals_s().items()})
             self._writer.json(md.RUN_TAG, self._run_info)
             written = self._writer.flush()
         finally:
