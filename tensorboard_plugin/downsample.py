@@ -70,21 +70,27 @@ class MinMaxPyramid:
         self.x = x
         self.values = values[:, None] if values.ndim == 1 else values
         self.levels: list[tuple[np.ndarray, np.ndarray]] = []  # (argmin rows, argmax rows), each [blocks, k]
-        rows = np.broadcast_to(np.arange(len(x))[:, None], self.values.shape)
-        low, high = rows, rows
-        while len(low) >= FAN * BLOCKS_PER_BUCKET:
+        low = high = None
+        while len(self.x if low is None else low) >= FAN * BLOCKS_PER_BUCKET:
             low, high = self._reduce(low, lowest=True), self._reduce(high, lowest=False)
             self.levels.append((low, high))
 
-    def _reduce(self, rows: np.ndarray, lowest: bool) -> np.ndarray:
-        """The row of each column's extreme over each full block of FAN rows of `rows` (-1 where all NaN)."""
-        blocks = len(rows) // FAN
-        rows = rows[: blocks * FAN].reshape(blocks, FAN, -1)
+    def _reduce(self, rows: np.ndarray | None, lowest: bool) -> np.ndarray:
+        """The row of each column's extreme over each full block of FAN rows of `rows` (all rows when None);
+        -1 where a block is all NaN."""
+        k = self.values.shape[1]
         fill = np.inf if lowest else -np.inf
-        picked = np.where(rows >= 0, self.values[np.maximum(rows, 0), np.arange(rows.shape[2])], np.nan)
+        if rows is None:  # the first level: blocks of the series itself, no gather needed
+            blocks = len(self.x) // FAN
+            picked = self.values[: blocks * FAN].reshape(blocks, FAN, k)
+            rows_of = np.arange(blocks * FAN).reshape(blocks, FAN, 1)
+        else:
+            blocks = len(rows) // FAN
+            rows_of = rows[: blocks * FAN].reshape(blocks, FAN, k)
+            picked = np.where(rows_of >= 0, self.values[np.maximum(rows_of, 0), np.arange(k)], np.nan)
         picked = np.where(np.isnan(picked), fill, picked)
         choice = (np.argmin if lowest else np.argmax)(picked, axis=1)[:, None, :]
-        best = np.take_along_axis(rows, choice, axis=1)[:, 0, :]
+        best = np.take_along_axis(np.broadcast_to(rows_of, picked.shape), choice, axis=1)[:, 0, :]
         return np.where(np.take_along_axis(picked, choice, axis=1)[:, 0, :] == fill, -1, best)
 
     def indices(self, first: int, last: int, points: int, lo: float, hi: float) -> np.ndarray:

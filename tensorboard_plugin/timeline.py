@@ -93,7 +93,8 @@ class _StepIndex:
 
     def __init__(self, steps: np.ndarray, origin: float) -> None:
         steps = steps[~np.isnan(steps[:, _S["host_gap_ms"]])]  # each fit's first step is its warm-up phase
-        steps = steps[np.argsort(steps[:, _S["begin"]], kind="stable")]
+        if not np.all(np.diff(steps[:, _S["begin"]]) >= 0):  # one writer's steps come in order: skip the sort
+            steps = steps[np.argsort(steps[:, _S["begin"]], kind="stable")]
         begin = steps[:, _S["begin"]] - origin
         duration_s = steps[:, _S["end"]] - steps[:, _S["begin"]]
         self.longest_s = float(duration_s.max()) if len(steps) else 0.0
