@@ -38,12 +38,13 @@ from rnnmon.report import VERDICT_TEXT
 from rnnmon.stragglers import compare_workers, worker_of
 
 from .thresholds_store import NotWritableError, ThresholdsStore
-from .timeline import TimelineIndex
+from .timeline import TimelineIndex, array_bytes
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 LIVE_WINDOW_S = 30.0  # a running run whose last write is older than this is shown as stalled
 DEFAULT_POINTS, MAX_POINTS = 1000, 20000
-CACHE_RUNS = 10  # about 60 MB each for a 1M-step run (TimelineIndex and summary; the tables are dropped)
+CACHE_RUNS = 10
+CACHE_BYTES = 400 * 2**20  # what the cached indexes may hold: ~100 MB per 1M-step run with a gap at every step
 DERIVED = ("timeline", "summary")  # what the routes build from a run's tables
 SAVE_HEADER, SAVE_HEADER_VALUE = "X-Rnnmon-Request", "save"  # a cross-site form post cannot set a header
 MAX_BODY_BYTES = 16 * 1024  # a thresholds document is under 2 KiB
@@ -57,6 +58,7 @@ class _CachedRun:
     data: RunData | None = None
     errors: list[str] | None = None  # None until read
     derived: dict[str, Any] = dataclasses.field(default_factory=dict)
+    nbytes: int = 0  # held in the arrays of `derived`
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -220,6 +222,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         with cached.lock:
             if name not in cached.derived:
                 cached.derived[name] = build(cached.data)
+                cached.nbytes += array_bytes(cached.derived[name])
                 if len(cached.derived) == len(DERIVED):
                     cached.data = RunData(run)  # the tables were only needed to build these
             return cached.derived[name]
@@ -238,8 +241,9 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             if cached is None or cached.version != version:
                 cached = self._cache[key] = _CachedRun(version)
             self._cache.move_to_end(key)
-            while len(self._cache) > CACHE_RUNS:
-                self._cache.popitem(last=False)
+            while len(self._cache) > CACHE_RUNS or (
+                    len(self._cache) > 1 and sum(entry.nbytes for entry in self._cache.values()) > CACHE_BYTES):
+                self._cache.popitem(last=False)  # the least recently used run
         with cached.lock:  # one reader per run and version; other requests for it wait for its result
             if cached.errors is None:
                 with self._lock:

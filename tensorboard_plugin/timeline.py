@@ -30,7 +30,7 @@ from rnnmon.reader import RunData
 
 from .downsample import IntervalCoverage, MinMaxPyramid, bin_intervals, minmax_indices
 
-__all__ = ["TimelineIndex", "bin_intervals", "build_timeline", "extent", "minmax_indices"]
+__all__ = ["TimelineIndex", "array_bytes", "bin_intervals", "build_timeline", "extent", "minmax_indices"]
 
 _S = {name: i for i, name in enumerate(md.STEP_COLUMNS)}
 _SM_ACTIVITY = md.STAT_COLUMNS.index("sm_activity_pct")
@@ -98,7 +98,8 @@ class _StepIndex:
         begin = steps[:, _S["begin"]] - origin
         duration_s = steps[:, _S["end"]] - steps[:, _S["begin"]]
         self.longest_s = float(duration_s.max()) if len(steps) else 0.0
-        self.number = steps[:, _S["step"]].astype(np.int64)
+        number = steps[:, _S["step"]]
+        self.number = number.astype(np.int32 if not len(number) or number.max() < 2**31 else np.int64)
         wait_ms = steps[:, _S["input_wait_ms"]]
         compute_ms = 1e3 * duration_s - np.nan_to_num(wait_ms)
         values = np.column_stack([wait_ms, compute_ms, steps[:, _S["host_gap_ms"]]]).astype(np.float32)
@@ -172,7 +173,7 @@ class _IntervalIndex:
         self.names = names
         order = np.argsort(table[:, 1], kind="stable")
         self.start, self.end = table[order, 1] - origin, table[order, 2] - origin
-        self.group = ((table[order, 0] + 1) * len(names) + table[order, 3]).astype(np.int64)  # device -1 is 0
+        self.group = ((table[order, 0] + 1) * len(names) + table[order, 3]).astype(np.int32)  # device -1 is 0
         self.longest_s = float((self.end - self.start).max()) if len(order) else 0.0
         self.ends = np.sort(self.end)
         self.coverage = IntervalCoverage(self.start, self.end, self.group)
@@ -201,6 +202,17 @@ class _IntervalIndex:
             label: [self.names[int(k) % len(self.names)] for k in g],
             "device": [None if d == md.STEP_DEVICE else int(d) for d in devices.tolist()],
         }
+
+
+def array_bytes(obj: Any) -> int:
+    """Bytes held in numpy arrays by `obj` and its attributes, lists, tuples and dicts: a cache's measure."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, (list, tuple)):
+        return sum(array_bytes(value) for value in obj)
+    if isinstance(obj, dict):
+        return sum(array_bytes(value) for value in obj.values())
+    return sum(array_bytes(value) for value in vars(obj).values()) if hasattr(obj, "__dict__") else 0
 
 
 def _list(values: np.ndarray, decimals: int) -> list[float | None]:
