@@ -17,11 +17,14 @@ import collections
 import dataclasses
 import gzip
 import importlib.util
+import ipaddress
 import json
 import math
 import os
+import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +40,7 @@ from rnnmon.reader import ALL_SAMPLES, RunData, RunReader
 from rnnmon.report import VERDICT_TEXT
 from rnnmon.stragglers import compare_workers, worker_of
 
-from .thresholds_store import NotWritableError, ThresholdsStore
+from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore
 from .timeline import TimelineIndex, array_bytes
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
@@ -46,6 +49,7 @@ DEFAULT_POINTS, MAX_POINTS = 1000, 20000
 CACHE_RUNS = 10
 CACHE_BYTES = 400 * 2**20  # what the cached indexes may hold: ~100 MB per 1M-step run with a gap at every step
 DERIVED = ("timeline", "summary")  # what the routes build from a run's tables
+VERSION_HEADER = "X-Rnnmon-Version"  # the `version` a save edits (GET /thresholds answers it)
 SAVE_HEADER, SAVE_HEADER_VALUE = "X-Rnnmon-Request", "save"  # a cross-site form post cannot set a header
 MAX_BODY_BYTES = 16 * 1024  # a thresholds document is under 2 KiB
 
@@ -149,7 +153,10 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         if request.method != "POST":
             raise RequestRefused(405, f"/thresholds answers GET and POST only. Received: {request.method}",
                                  [("Allow", "GET, HEAD, POST")])
-        return http_util.Respond(request, self.save_thresholds_impl(_json_body(request)), "application/json")
+        _check_host(request)
+        return http_util.Respond(request, self.save_thresholds_impl(_json_body(request),
+                                                                    request.headers.get(VERSION_HEADER)),
+                                 "application/json")
 
     # --- work --------------------------------------------------------------------------------------------
     def runs_impl(self, ctx: Any, experiment: str) -> dict[str, Any]:
@@ -206,13 +213,14 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         """The saved thresholds (or the defaults), the file's path, and whether the tab can save it."""
         return self._thresholds.read()
 
-    def save_thresholds_impl(self, data: Any) -> dict[str, Any]:
-        """Validate and save `data` as the thresholds file; `thresholds_impl()` afterwards."""
+    def save_thresholds_impl(self, data: Any, edits: str | None = None) -> dict[str, Any]:
+        """Validate and save `data` as the thresholds file, if it still is at version `edits`; `thresholds_impl()`
+        afterwards."""
         try:
-            return self._thresholds.save(data)
-        except (ValueError, TypeError) as error:
-            raise errors.InvalidArgumentError(str(error)) from None
-        except NotWritableError as error:
+            return self._thresholds.save(data, edits)
+        except (ValueError, TypeError, RecursionError) as error:
+            raise errors.InvalidArgumentError(str(error) or "the thresholds document is nested too deeply") from None
+        except (NotWritableError, StaleVersionError) as error:
             raise RequestRefused(409, str(error)) from None
 
     # --- helpers -----------------------------------------------------------------------------------------
@@ -298,6 +306,40 @@ def _json_body(request: wrappers.Request) -> Any:
         return json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
         raise errors.InvalidArgumentError(f"the body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise errors.InvalidArgumentError("the body is nested too deeply") from None
+
+
+def _check_host(request: wrappers.Request) -> None:
+    """Refuse a save addressed to a foreign host name or sent from another origin (DNS rebinding), as Jupyter does.
+
+    Allowed: localhost, IP literals, this machine's names, and the names in RNNMON_ALLOWED_HOSTS (comma
+    separated; "*" allows any).
+    """
+    host = request.host or ""
+    if host.startswith("["):  # [IPv6]:port
+        name = host[1:host.find("]")] if "]" in host else host
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.rstrip(".").lower()
+    allowed = {h.strip().lower() for h in os.environ.get("RNNMON_ALLOWED_HOSTS", "").split(",") if h.strip()}
+    if not ("*" in allowed or name in allowed or _local_name(name)):
+        raise errors.PermissionDeniedError(
+            f"POST /thresholds refuses Host {host[:80]!r}: reach TensorBoard at localhost, an IP address or this "
+            "machine's name, or list the name in RNNMON_ALLOWED_HOSTS (a guard against DNS rebinding)")
+    origin = request.headers.get("Origin")
+    if origin and origin != "null" and urllib.parse.urlsplit(origin).netloc.lower() != host.lower():
+        raise errors.PermissionDeniedError(f"POST /thresholds refuses a request from another origin: {origin[:80]!r}")
+
+
+def _local_name(name: str) -> bool:
+    if name in ("localhost", socket.gethostname().lower(), socket.getfqdn().lower()) or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _run(args: Any) -> str:

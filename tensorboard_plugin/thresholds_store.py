@@ -21,14 +21,29 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
 from typing import Any
 
-from rnnmon.thresholds import THRESHOLDS_FILE, Thresholds, load_thresholds_file, save_thresholds_file
+from rnnmon.thresholds import (
+    MAX_FILE_BYTES,
+    THRESHOLDS_FILE,
+    Thresholds,
+    load_thresholds_file,
+    save_thresholds_file,
+)
 
 
 class NotWritableError(Exception):
     """The thresholds file cannot be written; the message says where and why."""
+
+
+class StaleVersionError(Exception):
+    """A save that edits an older version of the file than the one on disk."""
+
+
+_SAVE_LOCK = threading.Lock()  # one compare-and-save at a time (TensorBoard serves requests on threads)
 
 
 class ThresholdsStore:
@@ -55,21 +70,36 @@ class ThresholdsStore:
                     thresholds, source = saved, "file"
         reason = self.unwritable_reason()
         return {"thresholds": thresholds.to_dict(), "source": source, "path": self.path, "writable": reason is None,
-                "reason": reason, "error": error, "defaults": Thresholds().to_dict()}
+                "reason": reason, "error": error, "defaults": Thresholds().to_dict(), "version": self.version()}
 
-    def save(self, data: Any) -> dict[str, Any]:
+    def version(self) -> str:
+        """What a save must say it edits: a digest of the file's bytes, or "none" while there is no file."""
+        if not self.local:
+            return "none"
+        try:
+            with open(self.path, "rb") as file:  # only reached for a regular file (see `read`) or to compare
+                return hashlib.sha256(file.read(MAX_FILE_BYTES + 1)).hexdigest()[:16]
+        except OSError:
+            return "none"
+
+    def save(self, data: Any, edits: str | None = None) -> dict[str, Any]:
         """Validate `data` (raises ValueError naming the rule and value) and write it atomically; the new `read()`.
 
-        Raises NotWritableError when the file cannot be written.
+        `edits` is the `version` the editor read: when the file has changed since, StaleVersionError (two tabs
+        never undo each other's edits). Raises NotWritableError when the file cannot be written.
         """
         thresholds = Thresholds.from_dict(data)
         reason = self.unwritable_reason()
         if reason is not None:
             raise NotWritableError(reason)
-        try:
-            save_thresholds_file(self.path, thresholds)
-        except OSError as error:  # became unwritable since the check, or the disk is full
-            raise NotWritableError(f"cannot write {self.path}: {error.strerror or error}") from None
+        with _SAVE_LOCK:
+            if edits is not None and edits != self.version():
+                raise StaleVersionError("The thresholds changed elsewhere since they were loaded: reload them, "
+                                        f"then save again. Received: version {edits[:20]!r}")
+            try:
+                save_thresholds_file(self.path, thresholds)
+            except OSError as error:  # became unwritable since the check, or the disk is full
+                raise NotWritableError(f"cannot write {self.path}: {error.strerror or error}") from None
         return self.read()
 
     def unwritable_reason(self) -> str | None:

@@ -519,3 +519,52 @@ def test_real_tensorboard_serves_every_chunk(long_logdir, flags, chunks):
     assert body["gpus"][0]["util"]["total"] == chunks * 12
     if chunks == CHUNKS:
         assert body["steps"]["total"] == CHUNKS * 5 - 1  # the first step is the warm-up phase
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('{"gpu_util_low": {"pct": 1' + "0" * 400 + "}}", "gpu_util_low.pct must be a finite number"),
+    ("[" * 10_000 + "]" * 10_000, "nested too deeply"),
+    ('{"gpu_util_low": {"pct": ' + "[" * 3000 + "]" * 3000 + "}}", "nested too deeply"),
+])
+def test_post_huge_numbers_and_deep_nesting_are_400(tmp_path, body, message):
+    status, answer = post(thresholds_client(str(tmp_path)), body[:16_000])
+    assert status == 400 and message in answer, answer
+    assert not (tmp_path / THRESHOLDS_FILE).exists()
+
+
+def test_stale_save_is_409_and_writes_nothing(tmp_path):
+    client = thresholds_client(str(tmp_path))
+    loaded = get(client, "thresholds")[1]["version"]
+    assert loaded == "none"
+    status, first = post(client, RAISED, headers={**SAVE, "X-Rnnmon-Version": loaded})  # tab 1 saves
+    assert status == 200 and first["version"] != loaded
+    status, answer = post(client, {}, headers={**SAVE, "X-Rnnmon-Version": loaded})  # tab 2 edits the old one
+    assert status == 409 and "changed elsewhere" in answer
+    assert load_thresholds_file(tmp_path / THRESHOLDS_FILE) == Thresholds.from_dict(RAISED)
+    status, _ = post(client, {}, headers={**SAVE, "X-Rnnmon-Version": first["version"]})  # after a reload
+    assert status == 200
+
+
+@pytest.mark.parametrize(("headers", "allowed"), [
+    ({"Host": "evil.example"}, False),
+    ({"Host": "evil.example:6006"}, False),
+    ({"Host": "localhost:6006", "Origin": "http://evil.example"}, False),
+    ({"Host": "127.0.0.1:6006"}, True),
+    ({"Host": "[::1]:6006", "Origin": "http://[::1]:6006"}, True),
+    ({"Host": "localhost:6006", "Origin": "http://localhost:6006"}, True),
+])
+def test_save_checks_host_and_origin_against_dns_rebinding(tmp_path, headers, allowed):
+    status, answer = post(thresholds_client(str(tmp_path)), RAISED, headers={**SAVE, **headers})
+    assert (status == 200) == allowed, answer
+    assert (tmp_path / THRESHOLDS_FILE).exists() == allowed
+    if not allowed:
+        assert status == 403 and "refuses" in answer
+
+
+def test_get_refuses_a_symlinked_file_without_echoing_it(tmp_path):
+    secret = tmp_path / "elsewhere.json"
+    secret.write_text(json.dumps({"token": "s3cr3t-value"}))
+    (tmp_path / THRESHOLDS_FILE).symlink_to(secret)
+    status, body = get(thresholds_client(str(tmp_path)), "thresholds")
+    assert status == 200 and "symbolic link" in body["error"] and body["source"] == "defaults"
+    assert "s3cr3t" not in json.dumps(body) and "token" not in json.dumps(body)

@@ -22,7 +22,7 @@ import pytest
 from synthetic_runs import write_gpu_run, write_unreadable_run
 
 from rnnmon import metadata as md
-from rnnmon.thresholds import THRESHOLDS_FILE, GpuUtilLow, load_thresholds_file
+from rnnmon.thresholds import THRESHOLDS_FILE, GpuUtilLow, Thresholds, load_thresholds_file, save_thresholds_file
 from rnnmon.writer import SummaryWriter
 
 pytestmark = pytest.mark.browser
@@ -447,5 +447,26 @@ def test_empty_logdir_explains_how_to_add_the_callback(browser, tmp_path):
             assert frame.locator(".rm-controls").is_hidden()
             _screenshot(page, "tab_empty.png")
             assert not problems
+        finally:
+            page.close()
+
+
+def test_stale_save_says_changed_elsewhere(browser, tmp_path):
+    """Two tabs: the other one saved after this one loaded; this one's save is a 409, shown as such."""
+    with _tensorboard(str(tmp_path), active=False) as url:
+        page, frame, problems, _ = _open_tab(browser, url)
+        try:
+            frame.click("#rm-thresholds-toggle")
+            frame.locator('[data-field="gpu_util_low.pct"]').wait_for(state="visible", timeout=30_000)
+            other_tab = Thresholds.from_dict({"gpu_util_low": {"pct": 50, "resolve_pct": 60}})
+            save_thresholds_file(tmp_path / THRESHOLDS_FILE, other_tab)
+            frame.fill('[data-field="gpu_util_low.for_s"]', "5")
+            frame.click("#rm-thresholds-save")
+            status = frame.locator("#rm-thresholds-status")
+            frame.wait_for_function("() => /changed elsewhere/.test("
+                                    "document.querySelector('#rm-thresholds-status').textContent)", timeout=10_000)
+            assert "reload" in status.inner_text()
+            assert load_thresholds_file(tmp_path / THRESHOLDS_FILE).gpu_util_low.pct == 50  # not overwritten
+            assert not [p for p in problems if "409" not in p]
         finally:
             page.close()

@@ -298,9 +298,14 @@ async function save() {
   ui.save.disabled = true;
   setStatus("", "Saving…");
   try {
-    const response = await fetch(ROUTE("thresholds"), {method: "POST", headers: SAVE_HEADERS,
+    const headers = {...SAVE_HEADERS, "X-Rnnmon-Version": panel.doc?.version ?? "none"};
+    const response = await fetch(ROUTE("thresholds"), {method: "POST", headers,
       body: JSON.stringify(form.thresholds)});
     const text = await response.text();
+    if (response.status === 409 && /changed elsewhere/.test(text)) {
+      showProblem("Not saved: the thresholds changed elsewhere: reload them, then save again.");
+      return;
+    }
     if (!response.ok) {
       showProblem(errorText(text) || `${response.status} ${response.statusText}`);
       return;
