@@ -71,6 +71,23 @@ def run_demo(logdir: str = "runs") -> int:
         make_model().fit(make_dataset(tuned), validation_data=make_dataset(tuned, seed=1).take(8), epochs=2,
                          verbose=0, callbacks=[UtilizationMonitor(run_dir)])
     print()
-    print(render_text(build_report(logdir)))
+    report = build_report(logdir)
+    print(render_text(report))
+    print(predicted_vs_achieved(report))
     print(f"\nOpen the \"RNN Monitor\" tab:  tensorboard --logdir {logdir}   then http://localhost:6006/#rnnmon")
     return 0
+
+
+def predicted_vs_achieved(report: dict) -> str:
+    """The speed-up the input-bound run's findings predicted (Amdahl bound) next to the one tuning achieved."""
+    runs = {run["run"].split("/")[0]: run for run in report["runs"]}
+    slow, fast = runs.get("input_bound"), runs.get("tuned")
+    if not slow or not fast or not slow["step_ms"]["median"] or not fast["step_ms"]["median"]:
+        return ""
+    bounds = [f for f in slow["findings"] if f.get("speedup")]
+    achieved = slow["step_ms"]["median"] / fast["step_ms"]["median"]
+    if not bounds:
+        return f"\nAchieved: {achieved:.1f}x shorter median step (no measured finding predicted one)."
+    top = bounds[0]
+    return (f"\nPredicted by {top['code']}: up to {top['speedup']:.1f}x shorter steps; achieved by the tuned run: "
+            f"{achieved:.1f}x shorter median step.")
