@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 
 LOCK_FILE = "rnnmon.lock"
 
@@ -26,16 +27,23 @@ class RunLock:
         self.path = os.path.join(run_dir, LOCK_FILE)
         self._fd: int | None = None
 
-    def acquire(self) -> None:
+    def acquire(self, own_finish_wait_s: float = 5.0) -> None:
+        """Take the lock; a monitor of this same process that is still finishing gets `own_finish_wait_s` to end."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise RuntimeError(f"another monitor (pid {holder}) is writing {os.path.dirname(self.path)}; give each "
-                               f"process its own log_dir") from None
+        deadline = time.monotonic() + own_finish_wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                if holder == str(os.getpid()) and time.monotonic() < deadline:
+                    time.sleep(0.02)  # e.g. an aborted fit's monitor, ended by its background thread, still writing
+                    continue
+                os.close(fd)
+                raise RuntimeError(f"another monitor (pid {holder}) is writing {os.path.dirname(self.path)}; "
+                                   f"give each process its own log_dir") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd

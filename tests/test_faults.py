@@ -181,3 +181,14 @@ def test_second_writer_of_a_run_is_refused_and_trains_unmonitored(tmp_path, capl
         holder.wait()
     model.fit(stalled_dataset(10), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path / "exp"))])
     assert read_run(str(tmp_path / "exp")).info["status"] == "finished"  # the dead holder's lock is gone
+
+
+def test_a_monitor_of_this_process_still_finishing_is_waited_for_not_refused(tmp_path):
+    from rnnmon.run_lock import RunLock
+
+    finishing = RunLock(str(tmp_path / "rnnmon"))
+    finishing.acquire()  # an aborted fit's monitor, ended by its background thread, still writing its last chunk
+    threading.Timer(0.3, finishing.release).start()
+    started = time.monotonic()
+    RunLock(str(tmp_path / "rnnmon")).acquire()
+    assert 0.2 < time.monotonic() - started < 3

@@ -230,7 +230,7 @@ def test_demo_runs_side_by_side(tab):
     assert input_bound.locator(".rm-finding").evaluate_all(codes)[:3] == [
         "INPUT_BOUND", "PIPELINE_SERIAL_MAP", "PIPELINE_PY_FUNCTION"]
     text = input_bound.inner_text()
-    assert "INPUT_BOUND" in text and "Input wait is" in text and "Fix: " in text
+    assert "INPUT_BOUND" in text and "Waiting for the input pipeline" in text and "Fix: " in text
     assert "has no num_parallel_calls" in text and "PIPELINE_SERIAL_MAP" in text  # the serial map
     assert "calls Python through EagerPyFunc" in text and "PIPELINE_PY_FUNCTION" in text  # the py_function
     assert "INPUT_BOUND" not in tuned.inner_text() and "INPUT_BOUND" not in tuned.locator(".rm-finding").evaluate_all(
