@@ -1,6 +1,6 @@
 """Times the batch hooks of the other callbacks in a fit, so host time between steps can be put on a name.
 
-Keras's `CallbackList` (reached through the fit call at `on_train_begin`, see `rnnmon.fit_call`) calls each
+Keras's `CallbackList` (reached through the fit call at `on_train_begin`, see `rnnmon.fit_scope`) calls each
 callback's `on_train_batch_begin` / `on_train_batch_end` in turn. For the fit, each of those methods is
 shadowed by an instance attribute that adds up its time; `remove()` deletes the attributes again.
 

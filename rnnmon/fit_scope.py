@@ -1,23 +1,38 @@
-"""The `fit` call a callback runs in, so rnnmon can tell from any thread that it has ended, however it ended.
+"""The `fit` call a callback runs in: when it has ended, and what the user passed to it.
 
 Keras calls `on_train_end` only when `fit` ends normally; an exception in a later callback skips it. The
 `fit` frame is found on the training thread's stack at `on_train_begin`; the fit is over once that frame is
 no longer on the thread's stack (returned or raised) or the thread is gone.
+
+Keras hands a callback the model, not the input. But `Model.fit` (TensorFlow, JAX and torch backends alike)
+calls `callbacks.on_train_begin()` with the user's `x`, the batch size, its epoch iterator and its
+CallbackList as local variables, so the same frame reaches them (`call()`). Auditing the user's `x` rather
+than the tf.data pipeline Keras builds from it keeps Keras's own stages out of the findings.
 
 Example:
     >>> scope = FitScope.find(model)      # in on_train_begin
     >>> scope.over()                      # from the background thread: False while fit runs
     >>> scope.running(sys._getframe(1))   # in a function `fit` calls: True at the cost of one comparison
     >>> scope.same_fit(other_scope)       # two callbacks in one callbacks list
+    >>> scope.call().batch_size           # in on_train_begin: what fit was given
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import threading
 from types import CodeType, FrameType
 from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class FitCall:
+    x: Any  # what the user passed to fit (after validation_split, the training part)
+    batch_size: int | None
+    epoch_iterator: Any  # Keras's EpochIterator for the training data
+    callbacks: Any  # Keras's CallbackList: every callback of this fit, in call order
 
 
 class FitScope:
@@ -56,6 +71,14 @@ class FitScope:
                 return False
             frame = frame.f_back
         return True
+
+    def call(self) -> FitCall | None:
+        """The arguments and helpers of this `fit`, or None where the frame is unknown or unlike Keras's."""
+        variables = self._frame.f_locals if self._frame is not None else {}
+        if "epoch_iterator" not in variables or "callbacks" not in variables:
+            return None
+        return FitCall(variables.get("x"), variables.get("batch_size"), variables["epoch_iterator"],
+                       variables["callbacks"])
 
     def forget(self) -> None:
         """Drop the frame (it holds the fit's locals: the model, the data iterators)."""

@@ -30,7 +30,6 @@ from rnnmon.devices import backend_gpu_count, model_cuda_ordinals, nvml_inventor
 from rnnmon.exits import ExitGuard
 from rnnmon.fetch_floor import fetch_floor_s
 from rnnmon.findings import Finding, sort_findings
-from rnnmon.fit_call import find_fit_call
 from rnnmon.fit_scope import FitScope
 from rnnmon.input_timing import EpochIteratorTiming, unwrap_train_function, wrap_jax_train_function, wrap_train_function
 from rnnmon.nvml import Nvml
@@ -195,7 +194,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._wait, self._batches = NA, 0
         self._epoch_timing: EpochIteratorTiming | None = None
         self._model_audit_pending = False
-        fit = find_fit_call(self.model)
+        fit = self._scope.call()
         self._callback_timing = CallbackTiming(fit.callbacks.callbacks, skip=self) if fit is not None else None
         self._open_phase: tuple[str, float] | None = None
         self._fit_begin = self._clock()
@@ -388,7 +387,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def _install_input_timing(self) -> str:
         backend = keras.backend.backend()
         per_execution = self._per_execution
-        fit = find_fit_call(self.model)
+        fit = self._scope.call()
         if backend == "torch" and fit is not None and self.measure_input_wait is not False:
             self._epoch_timing = EpochIteratorTiming(fit.epoch_iterator)
             return "measured"
@@ -432,7 +431,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         # An unbuilt model (a Sequential without Input) has its real layers, shapes and masks after the first step.
         self._model_audit_pending = not self.model.built
         findings = [] if self._model_audit_pending else self._audit_model()
-        fit = find_fit_call(self.model)
+        fit = self._scope.call()
         if fit is None:
             LOG.info("rnnmon: the training input could not be reached from the callback; run "
                      "rnnmon.audit(model, dataset) to check it.")
