@@ -19,6 +19,7 @@ Example:
     >>> reader = RunReader("exp1/rnnmon")               # held per run by the tab, across reloads
     >>> data = reader.update_from_provider(provider, ctx, experiment_id)   # or .update_from_files(run_dir)
     >>> reader.check_files(run_dir)                     # with the provider: damage it cannot see, cheaply
+    >>> RunReader("exp1/rnnmon", tags=frozenset({md.RUN_TAG})).update_from_files(run_dir).info  # one tag only
     >>> data.errors                                     # [] when every record read
 """
 
@@ -81,6 +82,7 @@ class _Table:
         self._size = 0
         self._steps: list[int] = []
         self._starts: list[int] = []
+        self.inserted = 0  # chunks put before rows already there (rows then moved): views of it are stale
 
     def add(self, step: int, rows: np.ndarray) -> None:
         count = len(rows)
@@ -96,6 +98,7 @@ class _Table:
             at = bisect.bisect(self._steps, step)
             row = self._starts[at]
             self._rows = np.concatenate([self._rows[:row], rows, self._rows[row: self._size]])
+            self.inserted += 1
             self._steps.insert(at, step)
             self._starts.insert(at, row)
             for i in range(at + 1, len(self._starts)):
@@ -120,8 +123,10 @@ class _Table:
 class RunReader:
     """One run's rnnmon data, decoded chunk by chunk and kept; each update decodes only what is new."""
 
-    def __init__(self, run: str) -> None:
+    def __init__(self, run: str, tags: frozenset[str] | None = None) -> None:
         self.run = run
+        self._only = tags  # decode only these tags (None: all); from files, only records that name one of them
+        self._marks = None if tags is None else tuple(tag.encode() for tag in tags)
         self._content: dict[str, dict[str, Any] | None] = {}  # tag -> its JSON content; None: not rnnmon's
         self._seen: dict[str, set[tuple[int, float]]] = {}  # per tag: provider datums decoded
         self._tables: dict[str, _Table] = {}
@@ -143,7 +148,7 @@ class RunReader:
         """
         from tensorboard.data import provider as tb_provider
 
-        where = tb_provider.RunTagFilter(runs=[self.run])
+        where = tb_provider.RunTagFilter(runs=[self.run], tags=self._only)
         listing = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=md.PLUGIN_NAME,
                                         run_tag_filter=where).get(self.run, {})
         try:
@@ -178,6 +183,8 @@ class RunReader:
 
         for name, records in self._scan(run_dir, self._offsets):
             for record in records:
+                if self._marks is not None and not any(mark in record for mark in self._marks):
+                    continue  # cannot hold a wanted tag: not even parsed
                 try:
                     event = event_pb2.Event.FromString(record)
                 except DecodeError:
@@ -222,6 +229,8 @@ class RunReader:
     def _add_event(self, event: Any) -> None:
         for value in event.summary.value:
             tag = value.tag
+            if self._only is not None and tag not in self._only:
+                continue
             content = self._content.get(tag, _UNSEEN)
             if content is _UNSEEN or (content is None and value.HasField("metadata")):
                 is_ours = value.metadata.plugin_data.plugin_name == md.PLUGIN_NAME
@@ -313,6 +322,11 @@ class RunReader:
         self._errors[message] = None
 
     # --- result ------------------------------------------------------------------------------------------
+    @property
+    def reordered(self) -> int:
+        """How often a chunk landed before rows already read (a second writer): each time, rows moved."""
+        return sum(table.inserted for table in self._tables.values())
+
     def data(self) -> RunData:
         out = RunData(self.run, last_write=self._last_write, errors=list(self._errors))
         descriptions = self._documents.get(md.RUN_TAG, [])

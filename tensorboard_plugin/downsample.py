@@ -66,27 +66,41 @@ def _bucket_extremes(x: np.ndarray, values: np.ndarray, candidates: list[np.ndar
 class MinMaxPyramid:
     """Per column, the row of the minimum and maximum of every block of FAN**level rows, for a sorted series."""
 
-    def __init__(self, x: np.ndarray, values: np.ndarray) -> None:
+    def __init__(self, x: np.ndarray, values: np.ndarray,
+                 reduced: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self.x = x
         self.values = values[:, None] if values.ndim == 1 else values
         self.levels: list[tuple[np.ndarray, np.ndarray]] = []  # (argmin rows, argmax rows), each [blocks, k]
         low = high = None
         while len(self.x if low is None else low) >= FAN * BLOCKS_PER_BUCKET:
-            low, high = self._reduce(low, lowest=True), self._reduce(high, lowest=False)
+            # blocks already reduced (`reduced`: the levels of a prefix of these rows) are kept as they are
+            done_low, done_high = reduced[len(self.levels)] if reduced and len(reduced) > len(self.levels) else (
+                np.empty((0, self.values.shape[1]), dtype=np.int64),) * 2
+            low = np.concatenate([done_low, self._reduce(low, lowest=True, first=len(done_low))])
+            high = np.concatenate([done_high, self._reduce(high, lowest=False, first=len(done_high))])
             self.levels.append((low, high))
 
-    def _reduce(self, rows: np.ndarray | None, lowest: bool) -> np.ndarray:
-        """The row of each column's extreme over each full block of FAN rows of `rows` (all rows when None);
-        -1 where a block is all NaN."""
+    def appended(self, x: np.ndarray, values: np.ndarray) -> MinMaxPyramid:
+        """A new pyramid of these rows followed by `x` (sorted, from `self.x[-1]` on) and `values`; only the
+        blocks the new rows complete are reduced. The same arrays as building it from all rows at once."""
+        if len(self.x) and len(x) and x[0] < self.x[-1]:
+            raise ValueError("appended rows must not come before the last row")
+        values = values[:, None] if values.ndim == 1 else values
+        values = np.concatenate([self.values, values.astype(self.values.dtype)])
+        return MinMaxPyramid(np.concatenate([self.x, x]), values, self.levels)
+
+    def _reduce(self, rows: np.ndarray | None, lowest: bool, first: int = 0) -> np.ndarray:
+        """The row of each column's extreme over each full block of FAN rows of `rows` (all rows when None),
+        from block `first` on; -1 where a block is all NaN."""
         k = self.values.shape[1]
         fill = np.inf if lowest else -np.inf
         if rows is None:  # the first level: blocks of the series itself, no gather needed
-            blocks = len(self.x) // FAN
-            picked = self.values[: blocks * FAN].reshape(blocks, FAN, k)
-            rows_of = np.arange(blocks * FAN).reshape(blocks, FAN, 1)
+            blocks = len(self.x) // FAN - first
+            picked = self.values[first * FAN: (first + blocks) * FAN].reshape(blocks, FAN, k)
+            rows_of = np.arange(first * FAN, (first + blocks) * FAN).reshape(blocks, FAN, 1)
         else:
-            blocks = len(rows) // FAN
-            rows_of = rows[: blocks * FAN].reshape(blocks, FAN, k)
+            blocks = len(rows) // FAN - first
+            rows_of = rows[first * FAN: (first + blocks) * FAN].reshape(blocks, FAN, k)
             picked = np.where(rows_of >= 0, self.values[np.maximum(rows_of, 0), np.arange(k)], np.nan)
         picked = np.where(np.isnan(picked), fill, picked)
         choice = (np.argmin if lowest else np.argmax)(picked, axis=1)[:, None, :]
@@ -159,6 +173,19 @@ class IntervalCoverage:
             self._starts.append((starts, np.r_[0.0, np.cumsum(starts)]))
             self._ends.append((ends, np.r_[0.0, np.cumsum(ends)]))
 
+    def appended(self, start: np.ndarray, end: np.ndarray, group: np.ndarray) -> IntervalCoverage:
+        """A new coverage of these intervals and the given ones (in any order): merged into the sorted starts
+        and ends, prefix sums recomputed; the same arrays as building it from all intervals at once."""
+        out = IntervalCoverage(np.empty(0), np.empty(0), np.empty(0, dtype=self.groups.dtype))
+        out.groups = np.union1d(self.groups, group)
+        for value in out.groups:
+            mine, known = group == value, np.flatnonzero(self.groups == value)
+            starts, ends = (self._starts[known[0]][0], self._ends[known[0]][0]) if len(known) else (np.empty(0),) * 2
+            starts, ends = _merged(starts, start[mine]), _merged(ends, end[mine])
+            out._starts.append((starts, np.r_[0.0, np.cumsum(starts)]))
+            out._ends.append((ends, np.r_[0.0, np.cumsum(ends)]))
+        return out
+
     def covered_before(self, index: int, t: np.ndarray) -> np.ndarray:
         """Total time the intervals of group `index` cover before each of `t`."""
         (starts, start_sums), (ends, end_sums) = self._starts[index], self._ends[index]
@@ -174,3 +201,11 @@ class IntervalCoverage:
             share[index] = np.minimum(np.diff(self.covered_before(index, edges)) / width, 1.0)
         bucket, which = np.nonzero(share.T > 1e-12)
         return edges[bucket], edges[bucket + 1], self.groups[which], share[which, bucket]
+
+
+def _merged(sorted_values: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """`sorted_values` with `new` merged in, sorted (the common case, all new values last: one concatenation)."""
+    new = np.sort(new)
+    if not len(new) or not len(sorted_values) or new[0] >= sorted_values[-1]:
+        return np.concatenate([sorted_values, new])
+    return np.insert(sorted_values, np.searchsorted(sorted_values, new, side="right"), new)

@@ -1,7 +1,10 @@
 """The rnnmon tab's HTTP backend: run list, downsampled timelines, summaries, alert thresholds, static files.
 
-Routes are thin; the work is in the `*_impl` methods, which return plain data. Run data is read through
-TensorBoard's data provider, so the Rust data server and the Python loader both work. The one write is
+Routes are thin; the work is in the `*_impl` methods, which return plain data. With a local log directory each
+run's own event files are read through rnnmon's reader (only new bytes, checksums checked, values checked before
+they are expanded; see `run_files`), and a live run's reader and timeline index are kept and extended at each
+change; otherwise run data comes through TensorBoard's data provider, so the Rust data server and the Python
+loader both work. TensorBoard's data provider always says which runs exist. The one write is
 `POST /thresholds`, which saves the thresholds file at the log directory's root (see `thresholds_store`); it
 takes JSON only, with a header a cross-site form cannot send, and a small body. See `http_api.md`.
 
@@ -40,6 +43,7 @@ from rnnmon.reader import ALL_SAMPLES, RunData, RunReader
 from rnnmon.report import VERDICT_TEXT
 from rnnmon.stragglers import compare_workers, worker_of
 
+from .run_files import LocalRuns
 from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore
 from .timeline import TimelineIndex, array_bytes
 
@@ -55,6 +59,16 @@ MAX_BODY_BYTES = 16 * 1024  # a thresholds document is under 2 KiB
 
 
 @dataclasses.dataclass
+class _LiveRun:
+    """A running run's reader, kept across versions, and its newest timeline index, which the next version
+    extends instead of building anew while the reader only appended rows (`reordered` unchanged)."""
+
+    reader: RunReader
+    timeline: TimelineIndex | None = None
+    reordered: int = 0
+
+
+@dataclasses.dataclass
 class _CachedRun:
     """One version of a run: its tables until everything in DERIVED is built from them, then only those."""
 
@@ -63,6 +77,8 @@ class _CachedRun:
     errors: list[str] | None = None  # None until read
     derived: dict[str, Any] = dataclasses.field(default_factory=dict)
     nbytes: int = 0  # held in the arrays of `derived`
+    live: _LiveRun | None = None  # while the run is running
+    base: TimelineIndex | None = None  # an index of an earlier version of these tables, to extend
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -89,8 +105,11 @@ class RnnmonPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._data_provider = context.data_provider
         self._cache: collections.OrderedDict[tuple[str, str], _CachedRun] = collections.OrderedDict()
-        self._readers: dict[tuple[str, str], RunReader] = {}  # live runs: decoded chunks, kept across versions
+        self._live: dict[tuple[str, str], _LiveRun] = {}  # running runs: decoded chunks, kept across versions
         self._lock = threading.Lock()
+        self._local = LocalRuns.of(context.logdir)  # None: read through the data provider
+        self._descriptions: dict[tuple[str, str], tuple[Any, RunReader, RunData]] = {}  # local runs, for /runs
+        self._descriptions_lock = threading.Lock()
         self._plotly_gz: bytes | None = None
         self._thresholds = ThresholdsStore(context.logdir)
 
@@ -162,35 +181,49 @@ class RnnmonPlugin(base_plugin.TBPlugin):
     def runs_impl(self, ctx: Any, experiment: str) -> dict[str, Any]:
         """Every run with rnnmon data: status from its newest run description, and whether it is live."""
         listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=md.PLUGIN_NAME)
-        described = self._data_provider.read_tensors(
+        described = {} if self._local else self._data_provider.read_tensors(
             ctx, experiment_id=experiment, plugin_name=md.PLUGIN_NAME, downsample=ALL_SAMPLES,
             run_tag_filter=tb_provider.RunTagFilter(tags=[md.RUN_TAG]))
         now = time.time()
         runs = []
         for run in sorted(name for name, tags in listing.items() if tags):
             last_write = max(series.max_wall_time for series in listing[run].values())
-            info, error = _newest_json(described.get(run, {}).get(md.RUN_TAG, []))
+            if self._local:  # from the files: nothing of them is expanded by the provider, and newer than its reload
+                info, problems, written = self._description(experiment, run)
+                last_write = max(last_write, written)
+            else:
+                info, error = _newest_json(described.get(run, {}).get(md.RUN_TAG, []))
+                problems = [error] if error else []
             status = str(info.get("status", "unknown"))
             if status == "running":
                 status = "live" if now - last_write <= LIVE_WINDOW_S else "stalled"
             runs.append({"run": run, "name": _display_name(run), "status": status, "live": status == "live",
                          "last_write": last_write, "age_s": round(now - last_write, 1),
-                         "start": info.get("start"), "errors": [error] if error else []})
+                         "start": info.get("start"), "errors": problems})
         return {"runs": runs, "live_window_s": LIVE_WINDOW_S}
 
     def timeline_impl(self, ctx: Any, experiment: str, run: str, start: float | None, end: float | None,
                       points: int) -> dict[str, Any]:
         """`run`'s series over [start, end] (seconds since its origin), about `points` points per series."""
-        return self._derived(ctx, experiment, run, "timeline", TimelineIndex).view(start, end, points)
+        return self._derived(ctx, experiment, run, "timeline", self._timeline).view(start, end, points)
 
     def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
         """`rnnmon.analysis.summarize` for `run`, with the verdict in words."""
         return self._derived(ctx, experiment, run, "summary", self._summary)
 
-    def _summary(self, data: RunData) -> dict[str, Any]:
-        summary = summarize(data)  # idle_gaps: the longest 20; idle_gap_count: all
+    def _timeline(self, cached: _CachedRun) -> TimelineIndex:
+        """The index of this version: the previous version's, extended by the new rows, where that works."""
+        index = cached.base.appended(cached.data) if cached.base is not None else None
+        index = index or TimelineIndex(cached.data)
+        cached.base = None
+        if cached.live is not None:
+            cached.live.timeline = index
+        return index
+
+    def _summary(self, cached: _CachedRun) -> dict[str, Any]:
+        summary = summarize(cached.data)  # idle_gaps: the longest 20; idle_gap_count: all
         summary["verdict_text"] = VERDICT_TEXT.get(summary["verdict"], summary["verdict"])
-        summary["name"] = _display_name(data.run)
+        summary["name"] = _display_name(cached.data.run)
         return summary
 
     def workers_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
@@ -224,12 +257,12 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             raise RequestRefused(409, str(error)) from None
 
     # --- helpers -----------------------------------------------------------------------------------------
-    def _derived(self, ctx: Any, experiment: str, run: str, name: str, build: Callable[[RunData], Any]) -> Any:
-        """`build(data)` for the run's current data, built once per version of it (see `_CachedRun`)."""
+    def _derived(self, ctx: Any, experiment: str, run: str, name: str, build: Callable[[_CachedRun], Any]) -> Any:
+        """`build(cached)` for the run's current data, built once per version of it (see `_CachedRun`)."""
         cached = self._read(ctx, experiment, run)
         with cached.lock:
             if name not in cached.derived:
-                cached.derived[name] = build(cached.data)
+                cached.derived[name] = build(cached)
                 cached.nbytes += array_bytes(cached.derived[name])
                 if len(cached.derived) == len(DERIVED):
                     cached.data = RunData(run)  # the tables were only needed to build these
@@ -242,7 +275,11 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         tags = listing.get(run)
         if not tags:
             raise errors.NotFoundError(f"No rnnmon data for run {run!r}")
-        version = sorted((tag, series.max_step, series.max_wall_time) for tag, series in tags.items())
+        run_dir = self._local.directory(run) if self._local else None
+        if run_dir is not None:
+            version: Any = LocalRuns.version(run_dir)
+        else:
+            version = sorted((tag, series.max_step, series.max_wall_time) for tag, series in tags.items())
         key = (experiment, run)
         with self._lock:
             cached = self._cache.get(key)
@@ -255,17 +292,40 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         with cached.lock:  # one reader per run and version; other requests for it wait for its result
             if cached.errors is None:
                 with self._lock:
-                    reader = self._readers.pop(key, None) or RunReader(run)
-                data = reader.update_from_provider(self._data_provider, ctx, experiment)  # decodes new chunks only
+                    live = self._live.pop(key, None)
+                reader = live.reader if live else RunReader(run)
+                if run_dir is not None:
+                    data = reader.update_from_files(run_dir)  # new bytes only
+                else:
+                    data = reader.update_from_provider(self._data_provider, ctx, experiment)  # new chunks only
+                if live is not None and live.reordered == reader.reordered:
+                    cached.base = live.timeline  # the new rows follow the rows it indexed
                 if data.info.get("status") == "running":  # more chunks will come: keep what is decoded
+                    live = cached.live = _LiveRun(reader, cached.base, reader.reordered)
                     with self._lock:
-                        self._readers[key] = reader
-                        while len(self._readers) > CACHE_RUNS:
-                            self._readers.pop(next(iter(self._readers)))
+                        self._live[key] = live
+                        while len(self._live) > CACHE_RUNS:
+                            self._live.pop(next(iter(self._live)))
                 cached.data, cached.errors = data, list(data.errors)
         if cached.errors:
             raise RunDataError(f"Run {run!r} has unreadable rnnmon data: {'; '.join(cached.errors)}")
         return cached
+
+    def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], float]:
+        """A local run's newest description, its errors (the description's, and damage to its files) and when
+        its files last changed; reads only the bytes written since the last call and parses only records that
+        name the description's tag."""
+        run_dir = self._local.directory(run) if self._local else None
+        if run_dir is None:
+            return {}, [], 0.0
+        version = LocalRuns.version(run_dir)
+        with self._descriptions_lock:
+            known = self._descriptions.get((experiment, run))
+            if known is None or known[0] != version:
+                reader = known[1] if known else RunReader(run, tags=frozenset({md.RUN_TAG}))
+                known = self._descriptions[(experiment, run)] = (version, reader, reader.update_from_files(run_dir))
+        data = known[2]
+        return data.info, data.errors, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0)
 
     def _plotly_bundle(self) -> bytes:
         """plotly.js from the installed `plotly` package, gzipped once."""

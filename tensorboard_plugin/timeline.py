@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -63,11 +64,42 @@ class TimelineIndex:
         self.run = run.run
         self.origin, last = extent(run)
         self.end = last - self.origin
+        self.rows = _row_counts(run)
         self.steps = _StepIndex(run.steps, self.origin)
         self.gpus = [_GpuIndex(run, index, self.origin) for index in sorted(set(run.util) | set(run.stats))]
         self.gaps = _IntervalIndex(run.gaps, self.origin, md.GAP_CAUSES)
-        phases = np.column_stack([np.full(len(run.phases), md.STEP_DEVICE), run.phases[:, 1:3], run.phases[:, 0]])
-        self.phases = _IntervalIndex(phases, self.origin, md.PHASE_KINDS)
+        self.phases = _IntervalIndex(_phase_intervals(run.phases), self.origin, md.PHASE_KINDS)
+
+    def appended(self, run: RunData) -> TimelineIndex | None:
+        """A new index of `run`, whose tables are this index's tables with rows appended (a live run read
+        again by the same `RunReader`); only the new rows are indexed. None where they cannot be appended
+        (steps or samples earlier than the last indexed, anything before the origin, a new GPU): build anew.
+
+        Example:
+            >>> index = index.appended(reader.update_from_files(run_dir)) or TimelineIndex(reader.data())
+        """
+        rows = _row_counts(run)
+        if rows == self.rows:
+            return self
+        if (set(rows) != set(self.rows) or any(rows[table] < count for table, count in self.rows.items())
+                or not any(self.rows.values())):  # an empty index has no origin yet
+            return None
+        new = RunData(run.run, steps=run.steps[self.rows["steps"]:], phases=run.phases[self.rows["phases"]:],
+                      gaps=run.gaps[self.rows["gaps"]:],
+                      util={i: t[self.rows[f"util{i}"]:] for i, t in run.util.items()},
+                      stats={i: t[self.rows[f"stats{i}"]:] for i, t in run.stats.items()}, devices=run.devices)
+        first, last = extent(new)
+        if first < self.origin:
+            return None
+        steps = self.steps.appended(new.steps, self.origin)
+        gpus = [gpu.appended(new, self.origin) for gpu in self.gpus]
+        if steps is None or None in gpus:
+            return None
+        out = copy.copy(self)
+        out.end, out.rows, out.steps, out.gpus = max(self.end, last - self.origin), rows, steps, gpus
+        out.gaps = self.gaps.appended(new.gaps, self.origin)
+        out.phases = self.phases.appended(_phase_intervals(new.phases), self.origin)
+        return out
 
     def view(self, start: float | None, end: float | None, points: int) -> dict[str, Any]:
         """The `/timeline` answer over [start, end] (seconds since the origin; None: the run's edge)."""
@@ -92,18 +124,21 @@ class _StepIndex:
     """Steps after each fit's warm-up, by begin time: input wait, compute and host gap (ms) in a pyramid."""
 
     def __init__(self, steps: np.ndarray, origin: float) -> None:
-        steps = steps[~np.isnan(steps[:, _S["host_gap_ms"]])]  # each fit's first step is its warm-up phase
-        if not np.all(np.diff(steps[:, _S["begin"]]) >= 0):  # one writer's steps come in order: skip the sort
-            steps = steps[np.argsort(steps[:, _S["begin"]], kind="stable")]
-        begin = steps[:, _S["begin"]] - origin
-        duration_s = steps[:, _S["end"]] - steps[:, _S["begin"]]
-        self.longest_s = float(duration_s.max()) if len(steps) else 0.0
-        number = steps[:, _S["step"]]
+        begin, number, values, self.longest_s = _step_columns(steps, origin)
         self.number = number.astype(np.int32 if not len(number) or number.max() < 2**31 else np.int64)
-        wait_ms = steps[:, _S["input_wait_ms"]]
-        compute_ms = 1e3 * duration_s - np.nan_to_num(wait_ms)
-        values = np.column_stack([wait_ms, compute_ms, steps[:, _S["host_gap_ms"]]]).astype(np.float32)
         self.pyramid = MinMaxPyramid(begin, values)
+
+    def appended(self, steps: np.ndarray, origin: float) -> _StepIndex | None:
+        """A new index with `steps` (rows after those indexed) added; None when one begins before the last."""
+        begin, number, values, longest_s = _step_columns(steps, origin)
+        if len(begin) and len(self.pyramid.x) and begin[0] < self.pyramid.x[-1]:
+            return None
+        out = copy.copy(self)
+        out.longest_s = max(self.longest_s, longest_s)
+        wide = len(number) and number.max() >= 2**31
+        out.number = np.concatenate([self.number, number.astype(np.int64 if wide else self.number.dtype)])
+        out.pyramid = self.pyramid.appended(begin, values)
+        return out
 
     def view(self, lo: float, hi: float, points: int) -> dict[str, Any]:
         begin = self.pyramid.x
@@ -131,6 +166,20 @@ class _StepIndex:
         return (values[:, 1].astype(np.float64) + np.nan_to_num(values[:, 0])) / 1e3
 
 
+def _step_columns(steps: np.ndarray, origin: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(begin since the origin, step number, [input wait, compute, host gap] ms as float32, longest step in s) of
+    the steps after each fit's warm-up, by begin time."""
+    steps = steps[~np.isnan(steps[:, _S["host_gap_ms"]])]  # each fit's first step is its warm-up phase
+    if not np.all(np.diff(steps[:, _S["begin"]]) >= 0):  # one writer's steps come in order: skip the sort
+        steps = steps[np.argsort(steps[:, _S["begin"]], kind="stable")]
+    duration_s = steps[:, _S["end"]] - steps[:, _S["begin"]]
+    wait_ms = steps[:, _S["input_wait_ms"]]
+    compute_ms = 1e3 * duration_s - np.nan_to_num(wait_ms)
+    values = np.column_stack([wait_ms, compute_ms, steps[:, _S["host_gap_ms"]]]).astype(np.float32)
+    return (steps[:, _S["begin"]] - origin, steps[:, _S["step"]], values,
+            float(duration_s.max()) if len(steps) else 0.0)
+
+
 class _GpuIndex:
     """One GPU's utilization and (where the GPU has GPM) SM activity, each a pyramid over time."""
 
@@ -143,6 +192,15 @@ class _GpuIndex:
         self.util = _series_pyramid(util[:, 0] - origin, util[:, 1])
         self.sm = _series_pyramid(stats[:, 0] - origin, stats[:, _SM_ACTIVITY])
 
+    def appended(self, new: RunData, origin: float) -> _GpuIndex | None:
+        """A new index with this GPU's samples in `new` added; None when one comes before the last indexed."""
+        stats = new.stats.get(self.index, np.empty((0, len(md.STAT_COLUMNS))))
+        util = new.util.get(self.index, np.empty((0, len(md.UTIL_COLUMNS))))
+        out = copy.copy(self)
+        out.util = _series_appended(self.util, util[:, 0] - origin, util[:, 1])
+        out.sm = _series_appended(self.sm, stats[:, 0] - origin, stats[:, _SM_ACTIVITY])
+        return None if out.util is None or out.sm is None else out
+
     def view(self, lo: float, hi: float, points: int) -> dict[str, Any]:
         sm = _series(self.sm, lo, hi, points)
         return {"index": self.index, "name": self.name, "utilization": self.utilization,
@@ -151,10 +209,22 @@ class _GpuIndex:
 
 
 def _series_pyramid(time: np.ndarray, value: np.ndarray) -> MinMaxPyramid:
+    return MinMaxPyramid(*_measured(time, value))
+
+
+def _measured(time: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The samples with a value, by time; values as float32."""
     order = np.argsort(time, kind="stable")
     time, value = time[order], value[order]
     measured = ~np.isnan(value)
-    return MinMaxPyramid(time[measured], value[measured].astype(np.float32))
+    return time[measured], value[measured].astype(np.float32)
+
+
+def _series_appended(pyramid: MinMaxPyramid, time: np.ndarray, value: np.ndarray) -> MinMaxPyramid | None:
+    time, value = _measured(time, value)
+    if len(time) and len(pyramid.x) and time[0] < pyramid.x[-1]:
+        return None
+    return pyramid.appended(time, value)
 
 
 def _series(pyramid: MinMaxPyramid, lo: float, hi: float, points: int) -> dict[str, Any]:
@@ -171,12 +241,30 @@ class _IntervalIndex:
 
     def __init__(self, table: np.ndarray, origin: float, names: tuple[str, ...]) -> None:
         self.names = names
-        order = np.argsort(table[:, 1], kind="stable")
-        self.start, self.end = table[order, 1] - origin, table[order, 2] - origin
-        self.group = ((table[order, 0] + 1) * len(names) + table[order, 3]).astype(np.int32)  # device -1 is 0
-        self.longest_s = float((self.end - self.start).max()) if len(order) else 0.0
+        self.start, self.end, self.group = self._columns(table, origin)
+        self.longest_s = float((self.end - self.start).max()) if len(self.start) else 0.0
         self.ends = np.sort(self.end)
         self.coverage = IntervalCoverage(self.start, self.end, self.group)
+
+    def _columns(self, table: np.ndarray, origin: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(start, end, group) of the intervals by start; the group numbers (device, kind), device -1 as 0."""
+        order = np.argsort(table[:, 1], kind="stable")
+        group = ((table[order, 0] + 1) * len(self.names) + table[order, 3]).astype(np.int32)
+        return table[order, 1] - origin, table[order, 2] - origin, group
+
+    def appended(self, table: np.ndarray, origin: float) -> _IntervalIndex:
+        """A new index with the intervals of `table` added, merged in by start (they may come in any order)."""
+        if not len(table):
+            return self
+        start, end, group = self._columns(table, origin)
+        out = copy.copy(self)
+        at = np.searchsorted(self.start, start, side="right")  # after equal starts: as a stable sort of all rows
+        out.start, out.end, out.group = (np.insert(old, at, new) for old, new in
+                                         ((self.start, start), (self.end, end), (self.group, group)))
+        out.longest_s = max(self.longest_s, float((end - start).max()))
+        out.ends = np.insert(self.ends, np.searchsorted(self.ends, np.sort(end), side="right"), np.sort(end))
+        out.coverage = self.coverage.appended(start, end, group)
+        return out
 
     def view(self, lo: float, hi: float, limit: int, label: str) -> dict[str, Any]:
         """Intervals overlapping [lo, hi]; binned into `limit` buckets when more than `limit` of them overlap.
@@ -202,6 +290,19 @@ class _IntervalIndex:
             label: [self.names[int(k) % len(self.names)] for k in g],
             "device": [None if d == md.STEP_DEVICE else int(d) for d in devices.tolist()],
         }
+
+
+def _phase_intervals(phases: np.ndarray) -> np.ndarray:
+    """Phases as intervals [device, start, end, kind] of the whole process."""
+    return np.column_stack([np.full(len(phases), md.STEP_DEVICE), phases[:, 1:3], phases[:, 0]])
+
+
+def _row_counts(run: RunData) -> dict[str, int]:
+    """Rows per table of `run`: what an index has indexed."""
+    counts = {"steps": len(run.steps), "phases": len(run.phases), "gaps": len(run.gaps)}
+    counts.update({f"util{index}": len(table) for index, table in run.util.items()})
+    counts.update({f"stats{index}": len(table) for index, table in run.stats.items()})
+    return counts
 
 
 def array_bytes(obj: Any) -> int:

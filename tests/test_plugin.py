@@ -61,6 +61,8 @@ def logdir(tmp_path_factory):
     write_bad_description_run(str(root / "bad_description" / "rnnmon"))
     write_gpu_run(str(root / "truncated" / "rnnmon"), 20)
     truncate_event_file(str(root / "truncated" / "rnnmon"))
+    for name in os.listdir(root / "truncated" / "rnnmon"):  # cut a minute ago: no writer is still finishing it
+        os.utime(root / "truncated" / "rnnmon" / name, (time.time() - 60, time.time() - 60))
     return str(root)
 
 
@@ -273,8 +275,10 @@ def test_unreadable_run_fails_alone(client):
             assert status == 422 and "unreadable rnnmon data" in body and run in body
     assert get(client, "timeline", run="long/rnnmon")[0] == 200
     assert get(client, "runs")[0] == 200
-    status, body = get(client, "timeline", run="truncated/rnnmon")  # what was written before the cut is served
-    assert status == 200 and 0 < body["steps"]["total"] < 100
+    status, body = get(client, "timeline", run="truncated/rnnmon")  # the tab reads the files: it sees the cut
+    assert status == 422 and "truncated" in body
+    runs = {run["run"]: run for run in get(client, "runs")[1]["runs"]}
+    assert "truncated" in runs["truncated/rnnmon"]["errors"][0] and not runs["long/rnnmon"]["errors"]
 
 
 def test_static_files_and_plotly_bundle(client):
@@ -458,13 +462,14 @@ def test_a_write_that_fails_anyway_is_409():
 
 
 # --- samples_per_plugin ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("given", "expected"), [
-    ({}, {"rnnmon": 0}),
-    ({"images": 5}, {"images": 5, "rnnmon": 0}),
-    ({"rnnmon": 10}, {"rnnmon": 10}),
+@pytest.mark.parametrize(("logdir", "given", "expected"), [
+    ("gs://bucket/runs", {}, {"rnnmon": 0}),
+    ("", {"images": 5}, {"images": 5, "rnnmon": 0}),  # --logdir_spec
+    ("gs://bucket/runs", {"rnnmon": 10}, {"rnnmon": 10}),
+    ("runs", {"images": 5}, {"images": 5}),  # local: the tab reads the files, TensorBoard need not keep them
 ])
-def test_loader_keeps_all_rnnmon_samples_unless_told_otherwise(given, expected):
-    flags = argparse.Namespace(samples_per_plugin=dict(given))
+def test_loader_keeps_all_rnnmon_samples_where_the_tab_reads_the_provider(logdir, given, expected):
+    flags = argparse.Namespace(logdir=logdir, samples_per_plugin=dict(given))
     RnnmonLoader().fix_flags(flags)
     assert flags.samples_per_plugin == expected
 
@@ -489,13 +494,12 @@ def long_logdir(tmp_path_factory):
     return str(root)
 
 
-@pytest.mark.parametrize(("flags", "chunks"), [
-    ([], CHUNKS),  # default flags: the Rust data server ("auto")
-    (["--load_fast=false"], CHUNKS),  # the Python loader
-    (["--samples_per_plugin=rnnmon=10"], 10),  # the user's own choice wins, in both loaders
-    (["--load_fast=false", "--samples_per_plugin=rnnmon=10"], 10),
+@pytest.mark.parametrize("flags", [
+    [],  # default flags: the Rust data server ("auto")
+    ["--load_fast=false"],  # the Python loader
+    ["--samples_per_plugin=rnnmon=10"],  # a local log directory: the tab reads the files, whatever TensorBoard keeps
 ])
-def test_real_tensorboard_serves_every_chunk(long_logdir, flags, chunks):
+def test_real_tensorboard_serves_every_chunk(long_logdir, flags):
     port = _free_port()
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", long_logdir, "--port", str(port),
                "--host", "127.0.0.1", *flags]
@@ -507,7 +511,7 @@ def test_real_tensorboard_serves_every_chunk(long_logdir, flags, chunks):
             try:
                 with urllib.request.urlopen(url) as response:
                     body = json.load(response)
-                if body["gpus"] and body["gpus"][0]["util"]["total"] >= chunks * 12:
+                if body["gpus"] and body["gpus"][0]["util"]["total"] >= CHUNKS * 12:
                     break
             except OSError:
                 pass  # not up yet, or the run is not loaded yet (404)
@@ -516,9 +520,8 @@ def test_real_tensorboard_serves_every_chunk(long_logdir, flags, chunks):
         server.terminate()
         server.wait(timeout=30)
     assert body is not None, "tensorboard never served the run"
-    assert body["gpus"][0]["util"]["total"] == chunks * 12
-    if chunks == CHUNKS:
-        assert body["steps"]["total"] == CHUNKS * 5 - 1  # the first step is the warm-up phase
+    assert body["gpus"][0]["util"]["total"] == CHUNKS * 12
+    assert body["steps"]["total"] == CHUNKS * 5 - 1  # the first step is the warm-up phase
 
 
 @pytest.mark.parametrize(("body", "message"), [
