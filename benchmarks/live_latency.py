@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tab_scale import CHROMIUM, CHROMIUM_ARGS, tensorboard
+from tab_session import open_tab, tensorboard
 
 from rnnmon.reader import read_logdir
 
@@ -58,12 +58,7 @@ def watch(url: str, run: str, fit: subprocess.Popen) -> list[tuple[float, float]
 
     drawings: list[tuple[float, float]] = []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1250})
-        page.goto(f"{url}/#rnnmon")
-        page.frame_locator("iframe").locator("#rm-run-a").wait_for(state="attached", timeout=60_000)
-        frame = next(f for f in page.frames if "plugin_entry.html" in f.url)
-        frame.evaluate("() => { window.rnnmonNoReload = true; }")
+        browser, frame = open_tab(playwright, url)
         frame.wait_for_function(f"() => [...document.querySelectorAll('#rm-run-a option')].some((o) => "
                                 f"o.value === {json.dumps(run)})", timeout=120_000)
         frame.select_option("#rm-run-a", run)

@@ -1,18 +1,23 @@
 """The rnnmon tab on long runs, through the real `tensorboard --logdir` (default flags) and headless Chromium.
 
 The log directory holds `--runs` input-bound runs of `--steps` steps (a gap at almost every step; copies of one
-run written by benchmarks/synthetic_run.py) and one GPU run of the same length. Measured:
+run written by benchmarks/synthetic_run.py) and one GPU run of the same length; missing ones are written first
+(minutes for 1M steps: keep LOGDIR and reuse it). Measured, each as wall seconds and as the TensorBoard Python
+process's CPU seconds (user + system, from /proc: what a loaded machine stretches least):
 - `/timeline` at the tab's width (1280 points): cold (the run's first request), cached (median of 5), and a zoom;
 - `/summary`: cold (after the timeline) and cached;
 - memory: the TensorBoard Python process's RSS when idle (runs loaded, no route asked) and after every run's
   timeline and summary were served (VmRSS and VmHWM from /proc);
+- with `--live S` (default 30): a live run (input_0) that gets a 100-step chunk every 2 s (each in its own event
+  file) for S seconds; each time `/runs` shows new data, `/timeline` is timed right away. The first one reads the
+  run whole (it was finished until then); the others are "after a reload";
 - with `--browser`: the tab drawn in Chromium (from selecting a run to its chart), for a run the routes had
-  served and for one they had not;
-- with `--live S`: a live run that gets a 100-step chunk every 2 s (each in its own event file) for S seconds;
-  each time TensorBoard's reload shows new data, `/timeline` is timed right away.
+  served and for one they had not.
+The machine's load average is printed beside the figures.
 
 Usage:
-    python benchmarks/tab_scale.py LOGDIR [--steps 1000000] [--runs 10] [--browser] [--live 40] [--json]
+    python benchmarks/tab_scale.py LOGDIR [--steps 1000000] [--runs 10] [--live 30] [--browser] [--json]
+    python benchmarks/tab_scale.py LOGDIR -- --load_fast=false      # flags after -- go to tensorboard
 """
 
 from __future__ import annotations
@@ -22,23 +27,18 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from synthetic_run import write_run
+from tab_session import get, open_tab, tensorboard
 
 POINTS = 1280
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def prepare(logdir: str, steps: int, runs: int) -> list[str]:
@@ -56,40 +56,18 @@ def prepare(logdir: str, steps: int, runs: int) -> list[str]:
     return [f"input_{index}/rnnmon" for index in range(runs)] + ["gpu/rnnmon"]
 
 
-@contextlib.contextmanager
-def tensorboard(logdir: str) -> Iterator[tuple[str, int]]:
-    """`tensorboard --logdir` with default flags; yields its URL and PID once rnnmon's tab is listed."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port),
-                               "--host", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(OSError, ValueError):
-                if "rnnmon" in get(url, "/data/plugins_listing"):
-                    break
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("tensorboard did not list rnnmon")
-            time.sleep(0.5)
-        yield url, server.pid
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
 
-def get(url: str, path: str, **params: Any) -> Any:
-    query = ("?" + urllib.parse.urlencode(params)) if params else ""
-    with urllib.request.urlopen(f"{url}{path}{query}", timeout=120) as response:
-        return json.load(response)
-
-
-def timed(url: str, route: str, **params: Any) -> tuple[float, Any]:
-    start = time.perf_counter()
+def timed(url: str, pid: int, route: str, **params: Any) -> tuple[float, float, Any]:
+    """(wall seconds, the server's CPU seconds, answer) of one request."""
+    cpu, start = cpu_s(pid), time.perf_counter()
     body = get(url, f"/data/plugin/rnnmon/{route}", **params)
-    return time.perf_counter() - start, body
+    return time.perf_counter() - start, cpu_s(pid) - cpu, body
 
 
 def memory_mb(pid: int) -> dict[str, float]:
@@ -114,22 +92,26 @@ def wait_loaded(url: str, runs: list[str], steps: int) -> None:
     raise RuntimeError("the runs were not all loaded")
 
 
-def routes(url: str, runs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"timeline_cold_s": [], "timeline_cached_s": [], "zoom_s": [], "summary_cold_s": [],
-                           "summary_cached_s": []}
+def routes(url: str, pid: int, runs: list[str]) -> dict[str, Any]:
+    out: dict[str, list[float]] = {}
+
+    def note(name: str, wall_s: float, cpu: float) -> None:
+        out.setdefault(f"{name}_s", []).append(wall_s)
+        out.setdefault(f"{name}_cpu_s", []).append(cpu)
+
     for run in runs:
-        seconds, body = timed(url, "timeline", run=run, points=POINTS)
-        out["timeline_cold_s"].append(seconds)
-        steps = body["steps"]["total"]
-        out["timeline_cached_s"].append(statistics.median(timed(url, "timeline", run=run, points=POINTS)[0]
-                                                          for _ in range(5)))
+        wall_s, cpu, body = timed(url, pid, "timeline", run=run, points=POINTS)
+        note("timeline_cold", wall_s, cpu)
+        cached = [timed(url, pid, "timeline", run=run, points=POINTS)[:2] for _ in range(5)]
+        note("timeline_cached", statistics.median(c[0] for c in cached), statistics.median(c[1] for c in cached))
         end = body["extent"]["end"]
-        out["zoom_s"].append(timed(url, "timeline", run=run, points=POINTS, start=end / 3, end=end / 3 + 60)[0])
-        out["summary_cold_s"].append(timed(url, "summary", run=run)[0])
-        out["summary_cached_s"].append(statistics.median(timed(url, "summary", run=run)[0] for _ in range(5)))
-        print(f"{run}: {steps} steps, timeline cold {out['timeline_cold_s'][-1]:.3f} s, "
-              f"cached {out['timeline_cached_s'][-1]:.3f} s, summary cold {out['summary_cold_s'][-1]:.3f} s",
-              file=sys.stderr)
+        note("zoom", *timed(url, pid, "timeline", run=run, points=POINTS, start=end / 3, end=end / 3 + 60)[:2])
+        note("summary_cold", *timed(url, pid, "summary", run=run)[:2])
+        cached = [timed(url, pid, "summary", run=run)[:2] for _ in range(5)]
+        note("summary_cached", statistics.median(c[0] for c in cached), statistics.median(c[1] for c in cached))
+        print(f"{run}: {body['steps']['total']} steps, timeline cold {out['timeline_cold_s'][-1]:.3f} s "
+              f"({out['timeline_cold_cpu_s'][-1]:.2f} s CPU), cached {out['timeline_cached_s'][-1]:.3f} s, "
+              f"summary cold {out['summary_cold_s'][-1]:.3f} s, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     return {key: {"median": round(statistics.median(v), 3), "max": round(max(v), 3)} for key, v in out.items()}
 
 
@@ -139,12 +121,7 @@ def browser_draw(url: str, runs: list[str]) -> dict[str, float]:
 
     drawn = {}
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1250})
-        page.goto(f"{url}/#rnnmon")
-        page.frame_locator("iframe").locator("#rm-run-a").wait_for(state="attached", timeout=60_000)
-        frame = next(f for f in page.frames if "plugin_entry.html" in f.url)
-        frame.evaluate("() => { window.rnnmonNoReload = true; }")
+        browser, frame = open_tab(playwright, url)
         frame.wait_for_function("() => document.querySelectorAll('#rm-run-a option').length > 1", timeout=60_000)
         for run in runs:
             start = time.perf_counter()
@@ -160,8 +137,8 @@ def browser_draw(url: str, runs: list[str]) -> dict[str, float]:
     return drawn
 
 
-def live_reloads(url: str, logdir: str, seconds: float) -> dict[str, Any]:
-    """`/timeline` right after each TensorBoard reload of a live 1M-step run that gets a chunk every 2 s."""
+def live_reloads(url: str, pid: int, logdir: str, seconds: float) -> dict[str, Any]:
+    """`/timeline` right after each change to a live 1M-step run that gets a chunk every 2 s is seen."""
     run_dir = os.path.join(logdir, "input_0", "rnnmon")
     stop = threading.Event()
 
@@ -171,24 +148,32 @@ def live_reloads(url: str, logdir: str, seconds: float) -> dict[str, Any]:
             write_run(run_dir, 100, "input", seed=seed, status="running")
             seed += 1
 
+    before = set(os.listdir(run_dir))
     writer = threading.Thread(target=append, daemon=True)
     writer.start()
-    times, last = [], None
+    times: list[tuple[float, float]] = []
+    last = None
     deadline = time.monotonic() + seconds
     try:
         while time.monotonic() < deadline:
             runs = {run["run"]: run for run in get(url, "/data/plugin/rnnmon/runs")["runs"]}
             written = runs["input_0/rnnmon"]["last_write"]
             if last is not None and written != last:
-                times.append(timed(url, "timeline", run="input_0/rnnmon", points=POINTS)[0])
-                print(f"after a reload: timeline {times[-1]:.3f} s", file=sys.stderr)
+                times.append(timed(url, pid, "timeline", run="input_0/rnnmon", points=POINTS)[:2])
+                print(f"after a reload: timeline {times[-1][0]:.3f} s ({times[-1][1]:.2f} s CPU), "
+                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
             last = written
             time.sleep(0.2)
     finally:
         stop.set()
         writer.join()
-    return {"reloads": len(times), "median_s": round(statistics.median(times), 3) if times else None,
-            "max_s": round(max(times), 3) if times else None}
+        for name in set(os.listdir(run_dir)) - before:  # leave the run as it was, for the next measurement
+            os.remove(os.path.join(run_dir, name))
+    reloads = times[1:]  # the first read the run whole: it was finished until the writer started
+    return {"first_s": round(times[0][0], 3) if times else None, "reloads": len(reloads),
+            **{f"{name}_{unit}": round(pick([t[i] for t in reloads]), 3) if reloads else None
+               for i, unit in enumerate(("s", "cpu_s")) for name, pick in (("median", statistics.median),
+                                                                           ("max", max))}}
 
 
 def main() -> None:
@@ -197,24 +182,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--browser", action="store_true")
-    parser.add_argument("--live", type=float, default=0.0, help="seconds of a live run (0: none)")
+    parser.add_argument("--live", type=float, default=30.0, help="seconds of a live run (0: none)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("flags", nargs="*", help="after --: flags for tensorboard (e.g. --load_fast=false)")
     args = parser.parse_args()
     runs = prepare(args.logdir, args.steps, args.runs)
-    result: dict[str, Any] = {"steps": args.steps, "runs": len(runs)}
-    with tensorboard(args.logdir) as (url, pid):
+    result: dict[str, Any] = {"steps": args.steps, "runs": len(runs), "flags": args.flags,
+                              "load_before": [round(v, 1) for v in os.getloadavg()]}
+    with tensorboard(args.logdir, *args.flags) as (url, pid):
         wait_loaded(url, runs, args.steps)
         time.sleep(5)  # let the loader settle
         result["idle_mb"] = memory_mb(pid)
         if args.browser:  # the GPU run first, before any route served it: a cold draw
             result["browser_cold_s"] = browser_draw(url, ["gpu/rnnmon"])
-        result["routes"] = routes(url, runs)
+        result["routes"] = routes(url, pid, runs)
         result["after_routes_mb"] = memory_mb(pid)
         result["above_idle_mb"] = round(result["after_routes_mb"]["VmRSS"] - result["idle_mb"]["VmRSS"], 1)
         if args.browser:
             result["browser_cached_s"] = browser_draw(url, runs[-2:])  # the newest served: still in the cache
         if args.live:
-            result["live"] = live_reloads(url, args.logdir, args.live)
+            result["live"] = live_reloads(url, pid, args.logdir, args.live)
+        result["load_after"] = [round(v, 1) for v in os.getloadavg()]
     print(json.dumps(result, indent=2 if not args.json else None))
 
 
