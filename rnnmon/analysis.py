@@ -37,7 +37,7 @@ _STAT = {name: i for i, name in enumerate(md.STAT_COLUMNS)}
 def summarize(run: RunData) -> dict[str, Any]:
     """The report's dictionary for one run (see `rnnmon report --json`)."""
     kept = ~np.isnan(run.steps[:, _S["host_gap_ms"]])  # each fit's first step: tracing, iterator creation
-    column = {name: run.steps[kept, _S[name]]  # column by column: no copy of the whole table
+    column = {name: run.steps[:, _S[name]][kept]  # column by column: no copy of the whole table
               for name in ("begin", "end", "input_wait_ms", "host_gap_ms", "batches")}
     batches = column["batches"]
     duration = column["end"] - column["begin"]

@@ -99,12 +99,14 @@ def scan_records(path: str, offset: int = 0, max_record_bytes: int = MAX_RECORD_
         data = f.read()
     position, end = 0, len(data)
     truncated = False
+    crc, header, footer = _crc32c or crc32c, _HEADER.unpack_from, _FOOTER.unpack_from  # the loop runs per record
     while position < end:
         if end - position < _HEADER.size:
             truncated = True
             break
-        length, length_crc = _HEADER.unpack_from(data, position)
-        if masked_crc32c(data[position:position + 8]) != length_crc:
+        length, length_crc = header(data, position)
+        check = crc(data[position:position + 8])
+        if (((check >> 15) | (check << 17)) + _MASK_DELTA) & 0xFFFFFFFF != length_crc:  # masked_crc32c, inlined
             problems.append(f"corrupt record header at byte {offset + position} "
                             f"({end - position} bytes after it unreadable)")
             break
@@ -117,7 +119,8 @@ def scan_records(path: str, offset: int = 0, max_record_bytes: int = MAX_RECORD_
             truncated = True
             break
         payload = data[position + _HEADER.size:stop - _FOOTER.size]
-        if masked_crc32c(payload) != _FOOTER.unpack_from(data, stop - _FOOTER.size)[0]:
+        check = crc(payload)
+        if (((check >> 15) | (check << 17)) + _MASK_DELTA) & 0xFFFFFFFF != footer(data, stop - _FOOTER.size)[0]:
             problems.append(f"corrupt record at byte {offset + position} (data checksum mismatch; skipped)")
         else:
             records.append(payload)

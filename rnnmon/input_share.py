@@ -32,6 +32,17 @@ def robust_share(part_s: np.ndarray, whole_s: np.ndarray) -> float | None:
         return None
     part_s = np.nan_to_num(part_s)
     drop = max(OUTLIERS_MIN, math.ceil(OUTLIERS_FRACTION * len(part_s)))
-    keep = np.argsort(part_s)[:-drop] if len(part_s) > 2 * drop else np.arange(len(part_s))
+    keep = _smallest(part_s, len(part_s) - drop) if len(part_s) > 2 * drop else np.arange(len(part_s))
     whole = float(whole_s[keep].sum())
     return round(float(part_s[keep].sum()) / whole, 4) if whole > 0 else None
+
+
+def _smallest(values: np.ndarray, count: int) -> np.ndarray:
+    """A mask of the `count` smallest `values`; of equal values at the cut, the earliest (a stable sort's choice).
+
+    One partition, O(n): a million steps take milliseconds, where sorting them took a tenth of a second.
+    """
+    cut = np.partition(values, count - 1)[count - 1]
+    keep = values < cut
+    keep[np.flatnonzero(values == cut)[: count - int(keep.sum())]] = True
+    return keep

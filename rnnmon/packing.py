@@ -146,9 +146,10 @@ def decode_many(tag: str, blobs: list[bytes]) -> Decoded:
     """
     errors: list[tuple[int, FormatError]] = []
     parts = []
+    sizes = _sizes(tag)
     for index, blob in enumerate(blobs):
         try:
-            parts.append((index, *_unpack(tag, blob)))
+            parts.append((index, *_unpack(tag, blob, sizes)))
         except FormatError as error:
             errors.append((index, error))
     try:
@@ -166,8 +167,20 @@ def decode_many(tag: str, blobs: list[bytes]) -> Decoded:
     return table, [(index, rows) for index, _, rows, _, _ in parts], errors
 
 
-def _unpack(tag: str, blob: bytes) -> tuple[bytes, int, int, float]:
-    """(body, rows, exceptions, anchor) of one chunk, its header and body size checked."""
+@functools.lru_cache(maxsize=1024)
+def _sizes(tag: str) -> tuple[int, int, int] | None:
+    """(layout id, bytes per row, bytes per exception) of `tag`'s chunks; None when `tag` has no layout."""
+    if tag == md.STEPS_TAG:
+        return _STEPS_LAYOUT, _STEP_ROW.itemsize, _EXCEPTION_BYTES
+    layout = _layout(tag)
+    return None if layout is None else (layout[0], _ITEMSIZE[layout[0]], 0)
+
+
+def _unpack(tag: str, blob: bytes, sizes: tuple[int, int, int] | None) -> tuple[bytes, int, int, float]:
+    """(body, rows, exceptions, anchor) of one chunk of `tag` (`sizes`: its `_sizes`), header and body checked.
+
+    The body is inflated no further than the header's rows allow, and must be exactly that long.
+    """
     if len(blob) < _HEAD.size:
         raise FormatError(f"packed chunk of {len(blob)} bytes is shorter than its header")
     magic, layout_id, rows, exceptions, anchor = _HEAD.unpack_from(blob)
@@ -175,19 +188,26 @@ def _unpack(tag: str, blob: bytes) -> tuple[bytes, int, int, float]:
         raise FormatError("packed chunk without the rnm2 magic")
     if rows > MAX_ROWS or exceptions > rows or not math.isfinite(anchor):
         raise FormatError(f"packed chunk header claims {rows} rows, {exceptions} exceptions, anchor {anchor}")
-    compressed, layout_id = bool(layout_id & _ZLIB), layout_id & ~_ZLIB
-    if tag == md.STEPS_TAG:
-        if layout_id != _STEPS_LAYOUT:
-            raise FormatError(f"layout {layout_id} where steps (1) belong")
-        expected = rows * _STEP_ROW.itemsize + exceptions * _EXCEPTION_BYTES
+    compressed, layout_id = layout_id & _ZLIB, layout_id & ~_ZLIB
+    if sizes is None or layout_id != sizes[0]:
+        raise FormatError(f"layout {layout_id} where steps (1) belong" if tag == md.STEPS_TAG
+                          else f"layout {layout_id} does not belong to {tag}")
+    if exceptions and not sizes[2]:
+        raise FormatError(f"{exceptions} exceptions in a layout that has none")
+    expected = rows * sizes[1] + exceptions * sizes[2]
+    if compressed:
+        inflater = zlib.decompressobj()
+        try:
+            body = inflater.decompress(memoryview(blob)[_HEAD.size:], expected + 1)
+        except zlib.error as error:
+            raise FormatError(f"packed chunk body does not inflate: {error}") from None
+        if not inflater.eof or inflater.unused_data:
+            raise FormatError(f"packed chunk body inflates past its {expected} bytes, or stops short")
     else:
-        layout = _layout(tag)
-        if layout is None or layout[0] != layout_id:
-            raise FormatError(f"layout {layout_id} does not belong to {tag}")
-        if exceptions:
-            raise FormatError(f"{exceptions} exceptions in a layout that has none")
-        expected = rows * _ITEMSIZE[layout_id]
-    return _body(blob, compressed, expected), rows, exceptions, anchor
+        body = bytes(blob[_HEAD.size:])
+    if len(body) != expected:
+        raise FormatError(f"packed chunk body of {len(body)} bytes where the header implies {expected}")
+    return body, rows, exceptions, anchor
 
 
 def _rebuild(tag: str, parts: list[tuple[int, bytes, int, int, float]]) -> np.ndarray:
@@ -200,7 +220,7 @@ def _rebuild(tag: str, parts: list[tuple[int, bytes, int, int, float]]) -> np.nd
     fields = _layout(tag)[1]  # type: ignore[index]  # _unpack checked the layout
     packed = np.frombuffer(b"".join(body for _, body, _, _, _ in parts), dtype=_row_dtype(fields))
     anchor = np.repeat([anchor for *_, anchor in parts], counts)
-    table = np.empty((len(packed), len(fields)))
+    table = np.empty((len(fields), len(packed))).T  # column-major, as the steps
     time_us = packed[next(name for name, code in fields.items() if code == "t")].astype(np.float64)
     for i, (name, code) in enumerate(fields.items()):
         if code == "t":
@@ -245,22 +265,6 @@ def _pack(layout_id: int, rows: int, exceptions: int, anchor: float, body: bytes
     return _HEAD.pack(MAGIC, layout_id, rows, exceptions, anchor) + body
 
 
-def _body(blob: bytes, compressed: bool, expected: int) -> bytes:
-    """The uncompressed body, checked to be exactly `expected` bytes (inflating no further than that)."""
-    body = memoryview(blob)[_HEAD.size:]
-    if compressed:
-        inflater = zlib.decompressobj()
-        try:
-            body = inflater.decompress(body, expected + 1)
-        except zlib.error as error:
-            raise FormatError(f"packed chunk body does not inflate: {error}") from None
-        if not inflater.eof or inflater.unused_data:
-            raise FormatError(f"packed chunk body inflates past its {expected} bytes, or stops short")
-    if len(body) != expected:
-        raise FormatError(f"packed chunk body of {len(body)} bytes where the header implies {expected}")
-    return bytes(body)
-
-
 def _rebuild_steps(parts: list[tuple[int, bytes, int, int, float]], counts: np.ndarray) -> np.ndarray:
     width = len(md.STEP_COLUMNS)
     compact = np.frombuffer(b"".join(body[: rows * _STEP_ROW.itemsize] for _, body, rows, _, _ in parts),
@@ -279,23 +283,30 @@ def _rebuild_steps(parts: list[tuple[int, bytes, int, int, float]], counts: np.n
     if not np.isfinite(whole[:, [0, 1, 2, 3, 6]]).all():
         raise FormatError("packed steps chunk with a non-finite step, epoch, time or batch count")
     rows = len(compact)
-    at = at.astype(np.int64) + np.r_[0, np.cumsum(counts)[:-1]][chunk]  # row numbers in the concatenation
-    starts = np.zeros(rows, dtype=np.int64)
-    starts[at] = 1
-    segment = np.cumsum(starts) - 1  # the exception each row follows
+    # Row numbers of the exceptions in the concatenation: strictly increasing from 0 (checked above), so each
+    # exception starts a run of rows that follow from it, `length[i]` rows long.
+    at = at.astype(np.int64) + np.r_[0, np.cumsum(counts)[:-1]][chunk]
+    length = np.diff(np.r_[at, rows])
+    out = np.empty((width, rows)).T  # column by column: every column below is written and read contiguously
+
+    def spread(values: np.ndarray) -> np.ndarray:  # each exception's value on every row that follows it
+        return np.repeat(values, length)
+
     duration = compact["duration_us"].astype(np.int64)
     gap = compact["host_gap_us"].astype(np.int64)
-    since = np.cumsum(gap + duration)
-    since -= since[at][segment]  # µs from the segment's exception's end to this row's end
-    out = np.empty((rows, width))
-    base = whole[segment]
-    out[:, 0] = base[:, 0] + (np.arange(rows) - at[segment]) * base[:, 6]
-    out[:, 1] = base[:, 1]
-    out[:, 3] = base[:, 3] + since / _US
-    out[:, 2] = out[:, 3] - duration / _US
+    since = np.add(gap, duration)
+    np.cumsum(since, out=since)
+    since -= spread(since[at])  # µs from the run's exception's end to this row's end
+    offset = np.arange(rows) - spread(at)  # rows since the run's exception
+    np.multiply(offset, spread(whole[:, 6]), out=out[:, 0])
+    out[:, 0] += spread(whole[:, 0])
+    out[:, 1] = spread(whole[:, 1])
+    np.divide(since, _US, out=out[:, 3])
+    out[:, 3] += spread(whole[:, 3])
+    np.subtract(out[:, 3], duration / _US, out=out[:, 2])
     wait = compact["input_wait_us"]
     out[:, 4] = np.where(wait < 0, np.nan, wait / 1e3)
-    out[:, 5] = gap / 1e3
-    out[:, 6] = base[:, 6]
+    np.divide(gap, 1e3, out=out[:, 5])
+    out[:, 6] = spread(whole[:, 6])
     out[at] = whole
     return out

@@ -47,6 +47,7 @@ MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a f
 TAIL_GRACE_S = 10.0  # a file that ends inside a record for longer than this is truncated, not being written
 EVENT_FILE_MARK = "tfevents"
 _SEVERITIES = ("info", "warning", "critical")
+_DT_STRING, _DT_DOUBLE = types_pb2.DT_STRING, types_pb2.DT_DOUBLE
 _UNSEEN: dict[str, Any] = {}
 
 
@@ -72,6 +73,9 @@ class RunData:
 
 class InvalidRecord(ValueError):
     """A value that does not fit rnnmon's format; the message says what and where."""
+
+
+_INVALID = (InvalidRecord, ValueError, TypeError, UnicodeDecodeError)  # what a bad value raises while checked
 
 
 class _Table:
@@ -227,6 +231,7 @@ class RunReader:
             yield name, scan.records
 
     def _add_event(self, event: Any) -> None:
+        step = None
         for value in event.summary.value:
             tag = value.tag
             if self._only is not None and tag not in self._only:
@@ -237,20 +242,33 @@ class RunReader:
                 content = self._content[tag] = md.parse_content(value.metadata.plugin_data.content) if is_ours else None
             if content is None:
                 continue  # not rnnmon's (its scalars, another plugin)
-            self._last_write = max(self._last_write, event.wall_time)
-            self._add(tag, event.step, value, from_proto=True)
-
-    # --- decoding ----------------------------------------------------------------------------------------
-    def _add(self, tag: str, step: int, value: Any, from_proto: bool = False) -> None:
-        """Stage one value (a summary value's proto, or the provider's array) of `tag` for `_commit`."""
-        self.chunks_decoded += 1
-        try:
-            if from_proto:
+            if step is None:  # once per event, not per value
+                step, wall_time = event.step, event.wall_time
+                self._last_write = max(self._last_write, wall_time)
+            self.chunks_decoded += 1
+            try:
                 if not value.HasField("tensor"):
                     raise InvalidRecord("not a tensor")
-                value = _raw_from_proto(value.tensor)
-            else:
-                value = _raw_from_array(value)
+                raw = _raw_from_proto(value.tensor)
+            except _INVALID as error:
+                self._error(f"{tag} at step {step}: {error}")
+                continue
+            self._stage(tag, step, raw)
+
+    # --- decoding ----------------------------------------------------------------------------------------
+    def _add(self, tag: str, step: int, value: Any) -> None:
+        """Stage the provider's array of one value of `tag` for `_commit`."""
+        self.chunks_decoded += 1
+        try:
+            raw = _raw_from_array(value)
+        except _INVALID as error:
+            self._error(f"{tag} at step {step}: {error}")
+            return
+        self._stage(tag, step, raw)
+
+    def _stage(self, tag: str, step: int, value: bytes | np.ndarray) -> None:
+        """Keep one value (a packed chunk, a v1 table or a document) of `tag` for `_commit`, if it is one."""
+        try:
             width = _table_width(tag)
             if width == _DOCUMENT:
                 self._add_document(tag, step, _document(value))
@@ -259,11 +277,12 @@ class RunReader:
                 return  # a tag from a newer rnnmon: ignore it
             if width == _BAD_DEVICE:
                 raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
-            if isinstance(value, bytes) and value[:4] != packing.MAGIC:
-                raise InvalidRecord("a string where a table belongs")
-            if not isinstance(value, bytes) and value.shape[1] != width:
+            if isinstance(value, bytes):
+                if value[:4] != packing.MAGIC:
+                    raise InvalidRecord("a string where a table belongs")
+            elif value.shape[1] != width:
                 raise InvalidRecord(f"expected rows of {width} columns, found shape {value.shape}")
-        except (InvalidRecord, ValueError, TypeError, UnicodeDecodeError) as error:
+        except _INVALID as error:
             self._error(f"{tag} at step {step}: {error}")
             return
         self._staged.setdefault(tag, []).append((step, value))
@@ -418,13 +437,15 @@ def open_logdir(logdir: str) -> tuple[Any, Any]:
 # --- values --------------------------------------------------------------------------------------------------
 def _raw_from_proto(tensor: Any) -> bytes | np.ndarray:
     """A packed chunk or document (bytes) or a v1 float64 table, from a TensorProto, checked before it is built."""
-    dims = [d.size for d in tensor.tensor_shape.dim] if tensor.tensor_shape.dim else []
-    if tensor.dtype == types_pb2.DT_STRING:
-        if len(tensor.string_val) != 1 or any(d != 1 for d in dims):
-            raise InvalidRecord(f"a string tensor of shape {dims} where one string belongs")
-        return tensor.string_val[0]
-    if tensor.dtype != types_pb2.DT_DOUBLE:
-        raise InvalidRecord(f"dtype {tensor.dtype} where float64 ({types_pb2.DT_DOUBLE}) or string belongs")
+    dtype, dim = tensor.dtype, tensor.tensor_shape.dim
+    if dtype == _DT_STRING:
+        strings = tensor.string_val
+        if len(strings) != 1 or (dim and any(d.size != 1 for d in dim)):
+            raise InvalidRecord(f"a string tensor of shape {[d.size for d in dim]} where one string belongs")
+        return strings[0]
+    if dtype != _DT_DOUBLE:
+        raise InvalidRecord(f"dtype {dtype} where float64 ({_DT_DOUBLE}) or string belongs")
+    dims = [d.size for d in dim]
     if len(dims) != 2 or not 0 <= dims[0] <= packing.MAX_ROWS or not 0 < dims[1] <= 64:
         raise InvalidRecord(f"shape {dims}: a table is [rows <= {packing.MAX_ROWS}, columns]")
     count = dims[0] * dims[1]

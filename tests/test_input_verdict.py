@@ -77,3 +77,13 @@ def test_small_step_names_the_floor_and_the_remedy(tmp_path):
     [finding] = [f for f in summary["findings"] if f["code"] == "SMALL_STEP"]
     assert f"{summary['fetch_floor_ms']:.2f} ms" in finding["message"]
     assert "steps_per_execution=" in finding["advice"] and finding["speedup"] > 1
+
+
+def test_of_equal_waits_at_the_cut_the_latest_steps_are_left_out():
+    # Waits are whole microseconds, so a long run has thousands of equal waits where the longest 5% are cut off:
+    # which of them go decides the share. It is the latest ones (as a stable sort would), on every machine.
+    rng = np.random.default_rng(0)
+    wait = rng.integers(1, 11, 100_000) / 1e3  # ten distinct waits: ~10,000 steps share the longest
+    step = wait + np.linspace(0.001, 0.1, len(wait))  # later steps are longer: leaving out others changes the share
+    keep = np.argsort(wait, kind="stable")[:-5000]
+    assert robust_share(wait, step) == round(wait[keep].sum() / step[keep].sum(), 4)

@@ -269,3 +269,53 @@ def test_check_files_finds_the_damage_the_data_provider_hides(tmp_path):
     assert reader.update_from_provider(provider, ctx).errors == []  # TensorBoard's loader says nothing
     assert any("checksum mismatch" in e for e in reader.check_files(str(tmp_path / "flipped" / "rnnmon")))
     assert reader.check_files(str(tmp_path / "flipped" / "rnnmon")) == reader.data().errors  # no new bytes read
+
+
+def _steps_row_by_row(blob: bytes) -> np.ndarray:
+    """docs/format.md's steps chunk decoded one row at a time: the reference the batched decoder must equal."""
+    import struct
+    import zlib
+
+    _, layout, rows, exceptions, _ = struct.unpack_from("<4sB3xIId", blob)
+    body = zlib.decompress(blob[24:]) if layout & 0x80 else blob[24:]
+    compact = np.frombuffer(body[: 12 * rows], dtype="<i4").reshape(rows, 3)
+    whole = dict(zip(*(lambda e: (e[:, 0].astype(int), e[:, 1:]))(
+        np.frombuffer(body[12 * rows:], dtype="<f8").reshape(exceptions, 8))))
+    out, base, since_us = [], None, 0
+    for i, (duration_us, wait_us, gap_us) in enumerate(compact.tolist()):
+        if i in whole:
+            base, since_us, k = whole[i], 0, 0
+            out.append(base)
+            continue
+        since_us, k = since_us + gap_us + duration_us, k + 1
+        end = base[3] + since_us / 1e6
+        out.append([base[0] + k * base[6], base[1], end - duration_us / 1e6, end,
+                    np.nan if wait_us < 0 else wait_us / 1e3, gap_us / 1e3, base[6]])
+    return np.array(out).reshape(-1, 7)
+
+
+def test_a_run_decoded_in_one_batch_equals_its_chunks_decoded_one_by_one(tmp_path):
+    # A report reads all chunks of a tag in one batch; the rows must be exactly those of each chunk on its own.
+    run_dir = str(tmp_path / "run" / "rnnmon")
+    rows = _steps(3000, fits=3, epochs=4, batches=2, seed=1)
+    gaps = np.array([[-1, T0 + i, T0 + i + 0.01 * (i % 7), i % 4] for i in range(900)], dtype=float)
+    writer = SummaryWriter(run_dir)
+    for first in range(0, 3000, 250):  # twelve chunks, each starting mid-epoch or at a new fit
+        writer.table(md.STEPS_TAG, rows[first:first + 250])
+        writer.table(md.GAPS_TAG, gaps[first * 3 // 10:(first + 250) * 3 // 10])
+        writer.flush()
+    writer.close()
+    chunks: dict[str, list[bytes]] = {md.STEPS_TAG: [], md.GAPS_TAG: []}
+    for record in scan_records(_one_file(run_dir)).records:
+        for value in event_pb2.Event.FromString(record).summary.value:
+            if value.tag in chunks:
+                chunks[value.tag].append(value.tensor.string_val[0])
+    assert len(chunks[md.STEPS_TAG]) == len(chunks[md.GAPS_TAG]) == 12
+    run = read_logdir(str(tmp_path))["run/rnnmon"]
+    assert run.errors == []
+    np.testing.assert_array_equal(run.steps, np.concatenate([_steps_row_by_row(b) for b in chunks[md.STEPS_TAG]]))
+    np.testing.assert_array_equal(run.steps, np.concatenate([packing.decode(md.STEPS_TAG, b)
+                                                             for b in chunks[md.STEPS_TAG]]))
+    np.testing.assert_array_equal(run.gaps, np.concatenate([packing.decode(md.GAPS_TAG, b)
+                                                            for b in chunks[md.GAPS_TAG]]))
+    np.testing.assert_allclose(run.steps[:, 2:4], rows[:, 2:4], atol=1.5e-6, rtol=0)
