@@ -193,3 +193,32 @@ def test_a_monitor_of_this_process_still_finishing_is_waited_for_not_refused(tmp
     started = time.monotonic()
     RunLock(str(tmp_path / "rnnmon")).acquire()
     assert 0.2 < time.monotonic() - started < 3
+
+
+def test_a_tick_that_raises_systemexit_is_logged_once_and_ticking_goes_on(caplog):
+    from rnnmon.ticker import Ticker
+
+    ticks, stopped = [], threading.Event()
+
+    def tick():
+        ticks.append(1)
+        raise SystemExit(1) if len(ticks) % 2 else KeyboardInterrupt
+
+    ticker = Ticker(0.01, tick, name="rnnmon-test", on_stop=stopped.set)
+    ticker.start()
+    deadline = time.monotonic() + 10
+    while len(ticks) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ticker.stop(timeout_s=5) and stopped.is_set()  # the thread lived on and its stop hook ran
+    assert len(ticks) >= 5
+    assert len(_messages(caplog, logging.ERROR)) == 1 and "rnnmon-test failed" in caplog.text
+
+
+def test_records_held_while_the_disk_is_full_are_capped_the_oldest_dropped(tmp_path):
+    from rnnmon.eventfile import EventFileAppender, scan_records
+
+    with EventFileAppender(str(tmp_path), max_pending_bytes=250) as out:
+        for i in range(10):
+            out.add(bytes([i]) * 100)  # unwritten: as if every flush had failed
+        assert out.pending == 2 and out.dropped == 8
+    assert scan_records(out.path).records == [bytes([8]) * 100, bytes([9]) * 100]

@@ -162,7 +162,7 @@ def test_second_monitor_in_one_fit_is_refused_with_one_error(tmp_path, caplog):
     model.fit(stalled_dataset(10), epochs=1, verbose=0, callbacks=[first, second])
     errors = [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelname == "ERROR"]
     assert len(errors) == 1 and "two UtilizationMonitors in one fit" in errors[0]
-    assert repr(str(tmp_path / "b")) in errors[0]
+    assert repr(str(tmp_path / "a")) in errors[0] and repr(str(tmp_path / "b")) in errors[0]
     run = read_run(str(tmp_path / "a"))
     assert run.info["status"] == "finished" and len(run.steps) == 10
     assert not (tmp_path / "b").exists()
