@@ -71,11 +71,12 @@ class MinMaxPyramid:
         self.x = x
         self.values = values[:, None] if values.ndim == 1 else values
         self.levels: list[tuple[np.ndarray, np.ndarray]] = []  # (argmin rows, argmax rows), each [blocks, k]
+        self._row_type = np.int32 if len(x) < 2**31 else np.int64  # row numbers: 4 bytes each where they fit
         low = high = None
         while len(self.x if low is None else low) >= FAN * BLOCKS_PER_BUCKET:
             # blocks already reduced (`reduced`: the levels of a prefix of these rows) are kept as they are
             done_low, done_high = reduced[len(self.levels)] if reduced and len(reduced) > len(self.levels) else (
-                np.empty((0, self.values.shape[1]), dtype=np.int64),) * 2
+                np.empty((0, self.values.shape[1]), dtype=self._row_type),) * 2
             low = np.concatenate([done_low, self._reduce(low, lowest=True, first=len(done_low))])
             high = np.concatenate([done_high, self._reduce(high, lowest=False, first=len(done_high))])
             self.levels.append((low, high))
@@ -97,7 +98,7 @@ class MinMaxPyramid:
         if rows is None:  # the first level: blocks of the series itself, no gather needed
             blocks = len(self.x) // FAN - first
             picked = self.values[first * FAN: (first + blocks) * FAN].reshape(blocks, FAN, k)
-            rows_of = np.arange(first * FAN, (first + blocks) * FAN).reshape(blocks, FAN, 1)
+            rows_of = np.arange(first * FAN, (first + blocks) * FAN, dtype=self._row_type).reshape(blocks, FAN, 1)
         else:
             blocks = len(rows) // FAN - first
             rows_of = rows[first * FAN: (first + blocks) * FAN].reshape(blocks, FAN, k)
@@ -105,7 +106,7 @@ class MinMaxPyramid:
         picked = np.where(np.isnan(picked), fill, picked)
         choice = (np.argmin if lowest else np.argmax)(picked, axis=1)[:, None, :]
         best = np.take_along_axis(np.broadcast_to(rows_of, picked.shape), choice, axis=1)[:, 0, :]
-        return np.where(np.take_along_axis(picked, choice, axis=1)[:, 0, :] == fill, -1, best)
+        return np.where(np.take_along_axis(picked, choice, axis=1)[:, 0, :] == fill, -1, best).astype(self._row_type)
 
     def indices(self, first: int, last: int, points: int, lo: float, hi: float) -> np.ndarray:
         """`minmax_indices` of rows [first, last) (absolute row numbers, sorted), from a few thousand candidates.
@@ -165,11 +166,11 @@ class IntervalCoverage:
     """Covered time per group before any instant, from prefix sums: binned shares for any window at once."""
 
     def __init__(self, start: np.ndarray, end: np.ndarray, group: np.ndarray) -> None:
-        self.groups, row = np.unique(group, return_inverse=True)
+        self.groups = np.unique(group)  # a handful of (device, cause) pairs
         self._starts, self._ends = [], []
-        for index in range(len(self.groups)):
-            mine = row == index
-            starts, ends = np.sort(start[mine]), np.sort(end[mine])
+        for value in self.groups:
+            mine = group == value if len(self.groups) > 1 else slice(None)
+            starts, ends = _sorted(start[mine]), _sorted(end[mine])
             self._starts.append((starts, np.r_[0.0, np.cumsum(starts)]))
             self._ends.append((ends, np.r_[0.0, np.cumsum(ends)]))
 
@@ -186,6 +187,10 @@ class IntervalCoverage:
             out._ends.append((ends, np.r_[0.0, np.cumsum(ends)]))
         return out
 
+    def ended_before(self, t: float) -> int:
+        """How many intervals end before `t`."""
+        return sum(int(np.searchsorted(ends, t, side="left")) for ends, _ in self._ends)
+
     def covered_before(self, index: int, t: np.ndarray) -> np.ndarray:
         """Total time the intervals of group `index` cover before each of `t`."""
         (starts, start_sums), (ends, end_sums) = self._starts[index], self._ends[index]
@@ -201,6 +206,11 @@ class IntervalCoverage:
             share[index] = np.minimum(np.diff(self.covered_before(index, edges)) / width, 1.0)
         bucket, which = np.nonzero(share.T > 1e-12)
         return edges[bucket], edges[bucket + 1], self.groups[which], share[which, bucket]
+
+
+def _sorted(values: np.ndarray) -> np.ndarray:
+    """`values` sorted; as they are when they already are (one writer's intervals nearly always)."""
+    return values if np.all(values[1:] >= values[:-1]) else np.sort(values)
 
 
 def _merged(sorted_values: np.ndarray, new: np.ndarray) -> np.ndarray:
