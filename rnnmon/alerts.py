@@ -19,8 +19,9 @@ before (as in rnnmon.gaps), a step its host gap and itself. The rules (see rnnmo
 - gpu_throttled: per GPU, the share of the time with one of the watched clock-event reasons set above `pct`.
 
 The warm-up step of a fit (NaN host gap: tracing, iterator creation) is left out, and device samples taken
-before it ended are ignored; feed one engine per fit. Times in chunks are monotonic seconds; events carry Unix
-seconds (`+ wall_offset_s`).
+before it ended are ignored; an idle gap that is mostly a warm-up phase (the first validation batch traces
+Keras's test function) is not an alert either. Feed one engine per fit. Times in chunks are monotonic
+seconds; events carry Unix seconds (`+ wall_offset_s`).
 
 Example:
     >>> engine = AlertEngine(Thresholds(), wall_offset_s=time.time() - time.perf_counter())
@@ -38,7 +39,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from rnnmon.metadata import STAT_COLUMNS, STEP_DEVICE
+from rnnmon.metadata import PHASE_KINDS, STAT_COLUMNS, STEP_DEVICE
 from rnnmon.thresholds import THROTTLE_REASONS, Thresholds
 
 State = Literal["firing", "resolved"]
@@ -197,6 +198,7 @@ class AlertEngine:
         self._baseline: list[float] = []  # per-batch ms of the first steps, until there are enough
         self._baseline_ms: float | None = None
         self._warm_end: float | None = None  # device samples before this time are ignored
+        self._warmups: list[tuple[float, float]] = []  # warm-up phases after the first (the first validation's)
         self._throttle_bits: dict[int, int] = {}
         self._events: list[AlertEvent] = []
 
@@ -224,10 +226,16 @@ class AlertEngine:
                 for row in rows:
                     if row[0] >= self._warm_end:
                         self._device_stats(device, row)
+            self._warmups += [(start, end) for kind, start, end in chunk.get("phases", ())
+                              if PHASE_KINDS[int(kind)] == "warmup" and start >= self._warm_end]
             for device, (start, end, cause) in chunk.get("gaps", ()):
-                if start >= self._warm_end:
+                if start >= self._warm_end and not self._mostly_warmup(start, end):
                     self._gap(None if device == STEP_DEVICE else device, start, end, cause)
         return sorted(self._events, key=_event_time)
+
+    def _mostly_warmup(self, start: float, end: float) -> bool:
+        overlap = sum(max(0.0, min(end, w_end) - max(start, w_start)) for w_start, w_end in self._warmups)
+        return overlap >= 0.5 * (end - start)
 
     def finish(self, now: float, reason: str = "Training ended") -> list[AlertEvent]:
         """Resolve every open alert at `now` (monotonic seconds), as training ends or the thresholds change."""

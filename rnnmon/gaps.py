@@ -26,15 +26,23 @@ _TOUCH_S = 1e-4  # intervals closer than this are contiguous
 
 
 class PhaseIntervals:
-    """Known non-compute intervals (start, end, cause index), kept while gaps may still need them."""
+    """Known non-compute intervals (start, end, cause index), kept while gaps may still need them.
+
+    Warm-up intervals (tracing: a fit's first step and first validation batch) are no cause and form no gap:
+    `blame` leaves their time out of the vote, so a GPU gap over tracing and validation is blamed on validation.
+    """
 
     def __init__(self) -> None:
         self._rows = np.empty((0, 3))
         self._pending: list[tuple[float, float, int]] = []
+        self._warmups: list[tuple[float, float]] = []
 
     def add(self, start: float, end: float, cause: str) -> None:
         if end > start:
             self._pending.append((start, end, GAP_CAUSES.index(cause)))
+
+    def add_warmup(self, start: float, end: float) -> None:
+        self._warmups.append((start, end))
 
     def _table(self) -> np.ndarray:
         if self._pending:
@@ -52,12 +60,14 @@ class PhaseIntervals:
         rows = self._table()
         overlap = np.clip(np.minimum(rows[:, 1], end) - np.maximum(rows[:, 0], start), 0, None)
         totals = np.bincount(rows[:, 2].astype(int), weights=overlap, minlength=len(GAP_CAUSES)).astype(float)
-        totals[GAP_CAUSES.index("other")] = max(0.0, (end - start) - totals.sum())
-        return GAP_CAUSES[int(np.argmax(totals))]
+        warmup_s = sum(max(0.0, min(end, w_end) - max(start, w_start)) for w_start, w_end in self._warmups)
+        totals[GAP_CAUSES.index("other")] = max(0.0, (end - start) - totals.sum() - warmup_s)
+        return GAP_CAUSES[int(np.argmax(totals))] if totals.any() else "other"
 
     def forget_before(self, time: float) -> None:
         rows = self._table()
         self._rows = rows[rows[:, 1] >= time]
+        self._warmups = [w for w in self._warmups if w[1] >= time]
 
 
 class GpuGapDetector:

@@ -199,6 +199,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._open_phase: tuple[str, float] | None = None
         self._fit_begin = self._clock()
         self._warming_up = True
+        self._eval_warming_up = True  # the fit's first validation batch traces Keras's test function
         self._per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
 
         self._sampler = sampler = None
@@ -277,6 +278,13 @@ class UtilizationMonitor(keras.callbacks.Callback):
             now = self._clock()
             if self._open_phase is None:  # validation starts right after the epoch's last step
                 self._open_phase = ("epoch_end", self._last_end)
+            self._close_phase(now)
+            self._open_phase = ("warmup" if self._eval_warming_up else "eval", now)
+
+    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._active and self._eval_warming_up:  # tracing the test function is not validation's cost
+            self._eval_warming_up = False
+            now = self._clock()
             self._close_phase(now)
             self._open_phase = ("eval", now)
 

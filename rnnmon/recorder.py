@@ -85,6 +85,8 @@ class Recorder:
         for kind, start, end in phases:
             if md.PHASE_KINDS[kind] != "warmup":
                 self._intervals.add(start, end, "eval")
+            else:  # tracing: left out of the blame
+                self._intervals.add_warmup(start, end)
 
     def _find_gaps(self, util: dict[int, list[tuple[float, float]]], horizon: float,
                    final: bool) -> list[tuple[int, Gap]]:
