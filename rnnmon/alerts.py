@@ -121,7 +121,13 @@ class _Window:
         self._length = 0.0
 
     def add(self, start: float, end: float, value: float) -> bool:
-        """Add an interval; True once the intervals seen reach back a whole window."""
+        """Add an interval; True once the intervals seen reach back a whole window.
+
+        A pause longer than the window (a long epoch end) starts it afresh: one interval after it is no
+        sustained state.
+        """
+        if self._items and start - self._items[-1][1] > self.span_s:
+            self._since = math.inf
         self._since = min(self._since, start)
         self._push(start, end, value)
         cutoff = end - self.span_s
