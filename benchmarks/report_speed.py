@@ -2,7 +2,8 @@
 
 Each report runs in a fresh interpreter (`python -m rnnmon.cli report DIR --json`), as a user runs it; the
 time is the subprocess's wall time (interpreter start included), with its CPU time beside it because a loaded
-machine stretches wall time; peak memory is the child's maximum resident set size. The runs come from
+machine stretches wall time (the load average is printed with the results); peak memory is the child's maximum
+resident set size. The runs come from
 benchmarks/synthetic_run.py and are kept in `--cache` between invocations (a 1M-step run takes minutes to
 write).
 
@@ -62,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                 "json_kb": round(samples[0]["json_bytes"] / 1024),
                 "tensorflow_imported": any(s["tensorflow"] for s in samples)}
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"median of": args.repeats, "this process peak_mb": round(own), **results}, indent=2))
+    print(json.dumps({"median of": args.repeats, "this process peak_mb": round(own),
+                      "load average (1, 5, 15 min) at the end": [round(v, 2) for v in os.getloadavg()],
+                      **results}, indent=2))
     return 0
 
 

@@ -256,6 +256,8 @@ def test_summary_is_summarize_output(client, logdir):
     ({"run": "long/rnnmon", "start": "5", "end": "1"}, "start must be less than end"),
     ({"run": "long/rnnmon", "points": "3"}, "points must be an integer from 10"),
     ({"run": "long/rnnmon", "points": "many"}, "points must be an integer from 10"),
+    ({"run": "long/rnnmon", "points": "²²"}, "points must be an integer from 10"),  # int() would take it
+    ({"run": "long/rnnmon", "points": "1" * 5000}, "points must be an integer from 10"),
 ])
 def test_bad_timeline_input_is_400(client, params, message):
     status, body = get(client, "timeline", **params)
@@ -562,6 +564,7 @@ def test_save_checks_host_and_origin_against_dns_rebinding(tmp_path, headers, al
     assert (tmp_path / THRESHOLDS_FILE).exists() == allowed
     if not allowed:
         assert status == 403 and "refuses" in answer
+        assert ("RNNMON_ALLOWED_HOSTS" in answer) == ("Origin" not in headers)  # how to allow a host name
 
 
 def test_get_refuses_a_symlinked_file_without_echoing_it(tmp_path):

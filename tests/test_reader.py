@@ -131,7 +131,7 @@ def _one_file(run_dir) -> str:
 
 def test_truncated_and_bit_flipped_files_are_errors_of_their_run(tmp_path):
     _healthy(tmp_path)
-    for name in ("cut", "flipped"):
+    for name in ("cut", "flipped", "length"):
         _healthy(tmp_path, name)
     cut = _one_file(tmp_path / "cut" / "rnnmon")
     with open(cut, "r+b") as f:
@@ -143,10 +143,20 @@ def test_truncated_and_bit_flipped_files_are_errors_of_their_run(tmp_path):
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0x10]))
+    length = _one_file(tmp_path / "length" / "rnnmon")
+    before = scan_records(length).records[:-1]  # the steps chunk comes last: flip a bit of its length field
+    with open(length, "r+b") as f:
+        f.seek(sum(12 + len(record) + 4 for record in before) + 1)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x01]))
     runs = read_logdir(str(tmp_path))
     assert runs["healthy/rnnmon"].errors == []
     assert any("truncated" in e for e in runs["cut/rnnmon"].errors), runs["cut/rnnmon"].errors
     assert any("checksum mismatch" in e for e in runs["flipped/rnnmon"].errors), runs["flipped/rnnmon"].errors
+    assert any("corrupt record header" in e for e in runs["length/rnnmon"].errors), runs["length/rnnmon"].errors
+    for name in ("cut", "flipped", "length"):  # lost: the damaged record (the steps chunk); the records before it read
+        assert runs[f"{name}/rnnmon"].info["status"] == "finished" and len(runs[f"{name}/rnnmon"].steps) == 0
 
 
 def test_a_live_writers_half_written_record_is_not_an_error_yet(tmp_path):
