@@ -20,6 +20,7 @@ from conftest import read_run, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
 
 from rnnmon import UtilizationMonitor
+from rnnmon.reader import read_logdir
 
 DEVICE_CALLS = ("nvmlDeviceGetSamples", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
                 "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo",
@@ -139,6 +140,7 @@ def test_full_disk_is_survived_and_the_status_lands_when_space_returns(small_dis
         time.sleep(0.2)
     run = read_run(str(small_disk / "exp"))
     assert run.info["status"] == "finished" and len(run.steps) == 400  # nothing was lost
+    assert read_logdir(str(small_disk))["exp/rnnmon"].errors == []  # no half-written record before the retries
     assert any("writing to" in m and "again" in m for m in _messages(caplog, logging.WARNING))
 
 
