@@ -225,3 +225,53 @@ def test_records_held_while_the_disk_is_full_are_capped_the_oldest_dropped(tmp_p
             out.add(bytes([i]) * 100)  # unwritten: as if every flush had failed
         assert out.pending == 2 and out.dropped == 8
     assert scan_records(out.path).records == [bytes([8]) * 100, bytes([9]) * 100]
+
+
+@pytest.fixture
+def freezable_disk(tmp_path):
+    """A real 16 MiB ext4 filesystem on a loop device, which `fsfreeze -f` makes every write block on (root only)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("mkfs.ext4", "mount", "fsfreeze")):
+        pytest.skip("freezing a filesystem needs root, mkfs.ext4, mount(8) and fsfreeze(8)")
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
+    done = made.returncode == 0 and subprocess.run(["mount", "-o", "loop", str(image), str(mount)],
+                                                   capture_output=True).returncode == 0
+    if not done:
+        pytest.skip("cannot mount a loop device here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(mount)], capture_output=True, check=False)
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_a_write_that_blocks_holds_up_the_end_of_fit_5_s_at_most(freezable_disk, caplog):
+    thaw = threading.Timer(30, subprocess.run, (["fsfreeze", "-u", str(freezable_disk)],))  # a hang fails, ends
+
+    def freeze():  # every write to the run's folder now blocks, as on a hung NFS server
+        subprocess.run(["fsfreeze", "-f", str(freezable_disk)], check=True)
+        thaw.start()
+
+    marks = AtBatch(b30=freeze)
+    try:
+        history = tiny_model().fit(stalled_dataset(40, 0.01), epochs=1, verbose=0, callbacks=[
+            UtilizationMonitor(str(freezable_disk / "exp"), flush_secs=0.2), marks])
+    finally:
+        thaw.cancel()
+        subprocess.run(["fsfreeze", "-u", str(freezable_disk)], capture_output=True, check=False)
+    assert len(history.history["loss"]) == 1 and 4.5 < marks.ended_s < 9  # waited 5 s for the write, then left
+    errors = _messages(caplog, logging.ERROR)
+    assert len(errors) == 1 and "did not finish within 5 s" in errors[0], errors
+    deadline = time.monotonic() + 20  # thawed: the blocked write, then the end, land from the background
+    while time.monotonic() < deadline:
+        with contextlib.suppress(KeyError, ValueError):
+            if read_run(str(freezable_disk / "exp")).info.get("status") == "finished":
+                break
+        time.sleep(0.2)
+    run = read_run(str(freezable_disk / "exp"))
+    assert run.info["status"] == "finished" and len(run.steps) == 40
