@@ -3,9 +3,9 @@
 Each report runs in a fresh interpreter (`python -m rnnmon.cli report DIR --json`), as a user runs it; the
 time is the subprocess's wall time (interpreter start included), with its CPU time beside it because a loaded
 machine stretches wall time (the load average is printed with the results); peak memory is the child's maximum
-resident set size. The runs come from
-benchmarks/synthetic_run.py and are kept in `--cache` between invocations (a 1M-step run takes minutes to
-write).
+resident set size. A first, unmeasured report per run writes rnnmon's bytecode (as installing it does) and warms
+the page cache. The runs come from benchmarks/synthetic_run.py and are kept in `--cache` between invocations (a
+1M-step run takes minutes to write).
 
 Usage:
     python benchmarks/report_speed.py [--cache /tmp/rnnmon-report-runs] [--repeats 3] [--kinds input gpu]
@@ -30,10 +30,15 @@ _CHILD = ("import json, resource, sys; from rnnmon.cli import main; main(['repor
           "'tensorflow': 'tensorflow' in sys.modules}), file=sys.stderr)")
 
 
+# An installed package has its bytecode compiled; a checkout under PYTHONDONTWRITEBYTECODE would compile rnnmon's
+# modules again in every child (~0.1 s). The child may write it, and a first, unmeasured run does.
+_ENV = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+
+
 def _run(logdir: str) -> dict:
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", _CHILD, logdir], capture_output=True,
-                            text=True, check=True)
+                            text=True, check=True, env=_ENV)
     wall = time.perf_counter() - started
     child = json.loads(result.stderr.strip().splitlines()[-1])
     return {"wall_s": wall, **child, "json_bytes": len(result.stdout)}
@@ -55,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             if not os.path.isdir(run_dir):
                 print(f"writing {kind} run of {steps} steps into {run_dir} ...", file=sys.stderr)
                 write_run(run_dir, steps, kind)
+            _run(logdir)  # warm-up: bytecode written, the files in the page cache
             samples = [_run(logdir) for _ in range(args.repeats)]
             results[f"{kind} {steps}"] = {
                 "wall_s": round(statistics.median(s["wall_s"] for s in samples), 2),
