@@ -363,12 +363,24 @@ def _py_dataset_input(data: Any) -> Finding:
         f"use_multiprocessing={data.use_multiprocessing}{_defined_at(type(data))}: Keras calls its "
         "__getitem__ for one batch at a time on a single thread."
     )
+    owner = _init_owner(type(data))
+    change = (f"Create it as `{name}(workers=4, use_multiprocessing=True)`" if owner is None else
+              f"Call `super().__init__(workers=4, use_multiprocessing=True, **kwargs)` in `{owner}.__init__`")
     advice = (
-        f"Call `super().__init__(workers=4, use_multiprocessing=True, **kwargs)` in `{name}.__init__` "
-        "(threads, use_multiprocessing=False, suffice if __getitem__ mostly releases the GIL), or convert it "
-        "to a tf.data pipeline."
+        f"{change} (threads, use_multiprocessing=False, suffice if __getitem__ mostly releases the GIL), or "
+        "convert it to a tf.data pipeline."
     )
     return Finding("DATA_NOT_TF", "warning", WHERE, message, advice)
+
+
+def _init_owner(cls: type) -> str | None:
+    """The user's class that defines `__init__` for a PyDataset subclass; None when PyDataset's own is used."""
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("keras."):
+            return None
+        if "__init__" in vars(klass):
+            return klass.__name__
+    return None
 
 
 def _small_batch(batch_size: int) -> Finding:

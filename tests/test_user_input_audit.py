@@ -98,6 +98,31 @@ def test_generator_gets_data_not_tf_naming_the_generator(tmp_path):
 @pytest.mark.usefixtures("no_nvml")
 def test_single_worker_py_dataset_gets_data_not_tf(tmp_path):
     assert _recorded_codes(tmp_path, Batches()) == [("DATA_NOT_TF", "warning")]
+    # The class has no __init__ of its own (as in the field trial): the workers go where it is created.
+    [finding] = read_run(str(tmp_path)).findings
+    assert finding["advice"].startswith("Create it as `SequenceBatches(workers=4, use_multiprocessing=True)`")
+
+
+def test_py_dataset_with_its_own_init_is_told_to_pass_workers_to_super():
+    import keras
+
+    class Windows(keras.utils.PyDataset):
+        def __init__(self, length, **kwargs):
+            super().__init__(**kwargs)
+            self.length = length
+
+        def __len__(self):
+            return self.length
+
+        def __getitem__(self, index):
+            return sequences(1, seed=index)
+
+    class Shuffled(Windows):
+        pass
+
+    [finding] = rnnmon.audit(tiny_model(), Shuffled(6))
+    assert finding.advice.startswith("Call `super().__init__(workers=4, use_multiprocessing=True, **kwargs)` "
+                                     "in `Windows.__init__`")
 
 
 @pytest.mark.usefixtures("no_nvml")
