@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rnnmon.findings import Finding
+from rnnmon.findings import Finding, amdahl
 
 INPUT_HIGH = 0.20
 HOST_HIGH = 0.15
@@ -36,11 +36,6 @@ def measured_findings(summary: dict[str, Any]) -> list[Finding]:
     if summary["verdict"] == "insufficient-data":
         return []
     return _input(summary) + _small_step(summary) + _host(summary) + _low_work(summary) + _eval_idle(summary)
-
-
-def amdahl(removable_share: float) -> float:
-    """The most a run speeds up when a cause taking `removable_share` of its time is removed: 1 / (1 - share)."""
-    return round(1.0 / max(1.0 - removable_share, 0.01), 2)
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -131,12 +126,17 @@ def _low_work(summary: dict[str, Any]) -> list[Finding]:
         measured = f"utilization {util:.0f}%" if util is not None else "utilization n/a"
         if sm is not None:
             measured += f", SM activity {sm:.0f}%"
+        # More work per step can at most fill what the GPU leaves unused: all its SMs (SM activity), or,
+        # where only NVML utilization is known, the time no kernel ran (kernels that fill few SMs hide more).
+        busy_pct, basis = (sm, "its SMs were active") if sm is not None else (util, "a kernel ran")
+        speedup = amdahl(1 - busy_pct / 100)
         message = (f"GPU {gpu['index']} is not input- or host-bound, yet {measured} with a median step of "
-                   f"{summary['step_ms']['median']:.2f} ms: each step is too small to fill it.")
+                   f"{summary['step_ms']['median']:.2f} ms: each step is too small to fill it. Filling it: up to "
+                   f"{speedup:.1f}x shorter time per sample ({basis} {busy_pct:.0f}% of the time).")
         advice = ("Give each step more work: a larger batch (e.g. 4x, scaling the learning rate), longer "
                   "sequences or more units per layer; keep LSTM/GRU layers on the cuDNN kernel; raise "
                   "`steps_per_execution` so kernel launches are not paced by Python.")
-        findings.append(Finding("LOW_WORK_PER_STEP", "warning", f"GPU {gpu['index']}", message, advice))
+        findings.append(Finding("LOW_WORK_PER_STEP", "warning", f"GPU {gpu['index']}", message, advice, speedup))
     return findings
 
 

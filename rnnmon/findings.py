@@ -29,6 +29,11 @@ class Finding:
         return {k: v for k, v in dataclasses.asdict(self).items() if not (k == "speedup" and v is None)}
 
 
+def amdahl(removable_share: float) -> float:
+    """The most a run speeds up when a cause taking `removable_share` of its time is removed: 1 / (1 - share)."""
+    return round(1.0 / max(1.0 - removable_share, 0.01), 2)
+
+
 def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Most severe first; stable within a severity."""
     return sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity])

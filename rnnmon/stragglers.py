@@ -4,7 +4,7 @@ A worker's run is `<job>/worker-<index>/rnnmon` (see rnnmon.workers). In synchro
 waits for the slowest at each all-reduce, so all of them end up with about the same step time; the straggler
 is the one whose own stall per step (input wait + host gap) is far above the others', or, with no such stall,
 whose GPU idles far less than theirs (it computes longer per step). The difference is how long every step of
-the other workers waits for it.
+the other workers waits for it; `speedup` is the Amdahl bound of removing it from the job's step.
 
 Example:
     >>> groups = compare_workers([summarize(run) for run in runs.values()])
@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from rnnmon.findings import Finding
+from rnnmon.findings import Finding, amdahl
 from rnnmon.workers import WORKER_DIR
 
 MIN_EXCESS_MS = 1.0  # a stall difference below this is noise
@@ -100,7 +100,9 @@ def _straggler(rows: list[dict[str, Any]]) -> list[Finding]:
         excess = spread * step
         measured = (f"{worst['worker']}'s GPU idles {100 * worst['gpu_idle_fraction']:.0f}% of the time against "
                     f"{100 * (worst['gpu_idle_fraction'] + spread):.0f}% on the other workers: it computes longer")
+    speedup = amdahl(excess / step)
     message = (f"{measured}. Synchronous training waits for the slowest worker at every step, so it holds the "
                f"others back by about {excess:.1f} ms a step ({100 * excess / step:.0f}% of their median "
-               f"{step:.2f} ms step). Cause: {cause}.")
-    return [Finding("STRAGGLER", "warning", worst["worker"], message, _ADVICE[cause])]
+               f"{step:.2f} ms step). Cause: {cause}. Bringing it level with the others: up to {speedup:.2f}x "
+               "shorter steps for the job.")
+    return [Finding("STRAGGLER", "warning", worst["worker"], message, _ADVICE[cause], speedup)]

@@ -61,8 +61,12 @@ def test_not_host_bound_without_it(tmp_path):
 @pytest.mark.parametrize(("util", "expected"), [(30.0, True), (95.0, False)])
 def test_low_work_per_step_from_gpu_utilization(tmp_path, util, expected):
     gpu = FakeGpu(utilization=util, sm_util_pct=util, pids=[os.getpid()])
-    codes, _ = _codes(tmp_path, {"x": _fast_data(150)}, gpu=gpu, model=tiny_model(units=128), audit=False)
+    codes, summary = _codes(tmp_path, {"x": _fast_data(150)}, gpu=gpu, model=tiny_model(units=128), audit=False)
     assert ("LOW_WORK_PER_STEP" in codes) is expected
+    if expected:  # filling the 70% of SM time left unused: at most 1 / 0.3 the samples per second
+        finding = next(f for f in summary["findings"] if f["code"] == "LOW_WORK_PER_STEP")
+        assert finding["speedup"] == pytest.approx(100 / util, rel=0.05), finding
+        assert f"up to {finding['speedup']:.1f}x shorter time per sample" in finding["message"]
 
 
 @pytest.mark.parametrize("idle_during_eval", [True, False])

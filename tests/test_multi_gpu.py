@@ -10,6 +10,8 @@ import textwrap
 from conftest import read_run
 
 from rnnmon.analysis import summarize
+from rnnmon.findings import amdahl
+from rnnmon.imbalance import device_imbalance
 from rnnmon.report import build_report, render_text
 
 WORKER = textwrap.dedent("""
@@ -55,5 +57,29 @@ def test_mirrored_strategy_gets_a_row_per_gpu_and_the_idle_one_is_flagged(tmp_pa
     imbalance = [f for f in summary["findings"] if f["code"] == "DEVICE_IMBALANCE"]
     assert len(imbalance) == 1 and imbalance[0]["where"] == "GPU 1", summary["findings"]
     assert "GPU 0 idle 0%" in imbalance[0]["message"] and "waits for GPU 0" in imbalance[0]["message"]
+    # What balancing can remove is GPU 1's wait for GPU 0: its sync idle time as a share of step time.
+    step_s = summary["wall_s"] * (1 - summary["eval_fraction"] - summary["epoch_end_fraction"])
+    assert imbalance[0]["speedup"] == amdahl(gpu1["idle_by_cause_s"]["sync"] / step_s) > 1.2, imbalance[0]
+    assert f"up to {imbalance[0]['speedup']:.2f}x shorter steps" in imbalance[0]["message"]
     text = render_text(build_report(str(tmp_path)))
     assert "  GPU 0 " in text and "  GPU 1 " in text and "waiting for other GPUs" in text
+
+
+def _gpu(index, util_mean, idle_fraction, sync_s):
+    return {"index": index, "util_mean": util_mean, "idle_fraction": idle_fraction,
+            "idle_by_cause_s": {"sync": sync_s, "input": 0.0}}
+
+
+def test_imbalance_bound_is_the_share_of_step_time_the_idle_gpu_waits_for_the_other():
+    summary = {"verdict": "compute-bound", "wall_s": 100.0, "eval_fraction": 0.1, "epoch_end_fraction": 0.1,
+               "gpus": [_gpu(0, 90.0, 0.02, 0.0), _gpu(1, 50.0, 0.45, 40.0)]}
+    (finding,) = device_imbalance(summary)
+    assert finding.where == "GPU 1" and finding.speedup == 2.0  # 40 s of 80 s of steps: 1 / (1 - 0.5)
+    assert "up to 2.00x shorter steps" in finding.message
+
+
+def test_imbalance_without_a_measured_wait_promises_no_speedup():
+    summary = {"verdict": "compute-bound", "wall_s": 100.0, "eval_fraction": 0.0, "epoch_end_fraction": 0.0,
+               "gpus": [_gpu(0, 90.0, 0.02, 0.0), _gpu(1, 10.0, 0.9, 0.0)]}  # e.g. a GPU the model does not use
+    (finding,) = device_imbalance(summary)
+    assert finding.speedup is None and "promises no speed-up" in finding.message

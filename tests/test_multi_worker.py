@@ -14,7 +14,9 @@ import subprocess
 import sys
 import textwrap
 
+from rnnmon.findings import amdahl
 from rnnmon.report import build_report, render_text
+from rnnmon.stragglers import compare_workers
 
 WORKER = textwrap.dedent("""
     import socket, sys, time
@@ -94,6 +96,10 @@ def test_two_workers_write_two_runs_and_the_stalled_one_is_the_straggler(tmp_pat
     (straggler,) = group["findings"]
     assert straggler["code"] == "STRAGGLER" and straggler["where"] == "worker-1", straggler
     assert "Cause: input wait" in straggler["message"] and "holds the others back by" in straggler["message"]
+    # The bound: the job's step (the other worker's, which waits for worker-1) without worker-1's extra stall.
+    excess = sum(by_name["worker-1"][k] - by_name["worker-0"][k] for k in ("input_wait_ms", "host_gap_ms"))
+    assert straggler["speedup"] == amdahl(excess / by_name["worker-0"]["step_ms"]) > 1.3, (straggler, by_name)
+    assert f"up to {straggler['speedup']:.2f}x shorter steps" in straggler["message"]
     text = render_text(report)
     assert "Workers of . (2)" in text and "STRAGGLER at worker-1" in text, text
 
@@ -137,3 +143,17 @@ def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
     assert [(f["code"], f["where"]) for f in answer["findings"]] == [("STRAGGLER", "worker-1")]
     other = client.get("/data/plugin/rnnmon/workers", query_string={"run": "elsewhere/rnnmon"}).get_json()
     assert other == {"job": None, "workers": [], "findings": []}
+
+
+def _worker(name, step_ms, wait_ms, gpu_idle):
+    return {"run": f"job/{name}/rnnmon", "verdict": "compute-bound", "steps": 100, "wall_s": 1.0,
+            "step_ms": {"median": step_ms}, "input_wait_ms": {"median": wait_ms}, "host_gap_fraction": 0.0,
+            "gpus": [{"idle_fraction": gpu_idle}]}
+
+
+def test_a_compute_straggler_bound_is_the_time_the_others_idle_for_it():
+    (group,) = compare_workers([_worker("worker-0", 10.0, 0.5, 0.45), _worker("worker-1", 10.0, 0.5, 0.05)])
+    (straggler,) = group["findings"]
+    assert straggler["where"] == "worker-1" and "Cause: compute" in straggler["message"]
+    assert straggler["speedup"] == 1.67  # the others idle 40% of their 10 ms step waiting: 1 / (1 - 0.4)
+    assert "up to 1.67x shorter steps" in straggler["message"]
