@@ -22,7 +22,7 @@ from rnnmon import metadata as md
 from rnnmon.diagnosis import measured_findings, summary_line
 from rnnmon.findings import Finding, rank_findings
 from rnnmon.imbalance import device_imbalance
-from rnnmon.input_share import pipeline_wait_s, robust_share
+from rnnmon.input_share import median_speedup, pipeline_wait_s, robust_share
 from rnnmon.reader import RunData
 
 INPUT_BOUND_SHARE = 0.20  # the profiler's "highly input-bound"
@@ -76,6 +76,8 @@ def summarize(run: RunData) -> dict[str, Any]:
                                  for name, seconds in (run.info.get("callback_hooks_s") or {}).items()},
         "shares": {"input": robust_share(pipeline_wait_s(wait, batches, floor_s), duration + gap) if measured
                    else None, "host": _ratio(gap.sum(), step_total)},
+        "input_speedup": median_speedup(pipeline_wait_s(wait, batches, floor_s), duration + gap) if measured
+        else None,  # the median step over the median step less its wait beyond the fetch floor
         "alerts": merge_alerts(run.alerts),
         "errors": run.errors,
     }

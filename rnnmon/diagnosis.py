@@ -5,7 +5,8 @@ input-bound; 15% is high for host time between steps. The input share counts onl
 fetch floor (what fetching a ready batch costs, ~0.3 ms on a CPU host) and leaves out the longest waits
 (rnnmon.input_share); a floor of 10% or more of the step is SMALL_STEP, whose remedy is more work per step,
 not a faster pipeline. Every measured finding carries `speedup`, the Amdahl bound 1 / (1 - share) of
-removing its cause. Idle validation is judged on measured GPU utilization only.
+removing its cause (INPUT_BOUND's on the median step: `input_speedup`, see rnnmon.input_share). Idle
+validation is judged on measured GPU utilization only.
 
 Example:
     >>> summary = summarize(run)             # rnnmon.analysis, which calls this module
@@ -63,10 +64,11 @@ def _input(summary: dict[str, Any]) -> list[Finding]:
         return []
     wait, step, floor = summary["input_wait_ms"], summary["step_ms"], summary.get("fetch_floor_ms")
     beyond = f"beyond the {floor:.2f} ms any fetch costs, " if floor else ""
-    speedup = amdahl(share)
+    speedup = summary.get("input_speedup") or amdahl(share)
     message = (f"Waiting for the input pipeline ({beyond}longest waits left out) is {_pct(share)} of step time: "
                f"a step waits a median {wait['median']:.2f} ms (p90 {wait['p90']:.2f} ms) for its batch out of a "
-               f"median {step['median']:.2f} ms step. Fixing input wait: up to {speedup:.1f}x shorter steps.")
+               f"median {step['median']:.2f} ms step. Fixing input wait: up to {speedup:.1f}x shorter steps "
+               "(the median step less its wait; more where the pipeline's threads also slowed the compute).")
     return [Finding("INPUT_BOUND", "critical", "input pipeline", message, _INPUT_ADVICE, speedup)]
 
 
