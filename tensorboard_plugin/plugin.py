@@ -17,7 +17,9 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import functools
 import gzip
 import importlib.util
 import ipaddress
@@ -43,6 +45,7 @@ from rnnmon.reader import ALL_SAMPLES, RunData, RunReader
 from rnnmon.report import VERDICT_TEXT
 from rnnmon.stragglers import compare_workers, worker_of
 
+from .read_ahead import ReadAhead
 from .run_files import LocalRuns
 from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore
 from .timeline import TimelineIndex, array_bytes
@@ -53,6 +56,9 @@ DEFAULT_POINTS, MAX_POINTS = 1000, 20000
 CACHE_RUNS = 10
 CACHE_BYTES = 400 * 2**20  # what the cached indexes may hold: ~100 MB per 1M-step run with a gap at every step
 DERIVED = ("timeline", "summary")  # what the routes build from a run's tables
+READ_AHEAD_RUNS = 3  # runs /runs reads ahead (local log directories): the tab's first, then the newest
+READ_AHEAD_BYTES = CACHE_BYTES // 2  # what their indexes may hold, estimated from their event files' size
+INDEX_BYTES_PER_FILE_BYTE = 5  # a 1M-step run: 4.6 (input-bound, a gap every step), 2.3 (GPU run)
 VERSION_HEADER = "X-Rnnmon-Version"  # the `version` a save edits (GET /thresholds answers it)
 SAVE_HEADER, SAVE_HEADER_VALUE = "X-Rnnmon-Request", "save"  # a cross-site form post cannot set a header
 MAX_BODY_BYTES = 16 * 1024  # a thresholds document is under 2 KiB
@@ -102,7 +108,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
 
     plugin_name = md.PLUGIN_NAME
 
-    def __init__(self, context: base_plugin.TBContext) -> None:
+    def __init__(self, context: base_plugin.TBContext, read_ahead_runs: int = READ_AHEAD_RUNS,
+                 read_ahead_bytes: int = READ_AHEAD_BYTES) -> None:
         self._data_provider = context.data_provider
         self._cache: collections.OrderedDict[tuple[str, str], _CachedRun] = collections.OrderedDict()
         self._live: dict[tuple[str, str], _LiveRun] = {}  # running runs: decoded chunks, kept across versions
@@ -112,6 +119,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self._descriptions_lock = threading.Lock()
         self._plotly_gz: bytes | None = None
         self._thresholds = ThresholdsStore(context.logdir)
+        self._read_ahead_runs, self._read_ahead_bytes = read_ahead_runs, read_ahead_bytes
+        self.read_ahead = ReadAhead()  # reads runs /runs listed before the tab asks for them (local log directories)
 
     def get_plugin_apps(self) -> dict[str, Any]:
         return {
@@ -186,10 +195,11 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             run_tag_filter=tb_provider.RunTagFilter(tags=[md.RUN_TAG]))
         now = time.time()
         runs = []
+        file_bytes: dict[str, int] = {}
         for run in sorted(name for name, tags in listing.items() if tags):
             last_write = max(series.max_wall_time for series in listing[run].values())
             if self._local:  # from the files: nothing of them is expanded by the provider, and newer than its reload
-                info, problems, written = self._description(experiment, run)
+                info, problems, written, file_bytes[run] = self._description(experiment, run)
                 last_write = max(last_write, written)
             else:
                 info, error = _newest_json(described.get(run, {}).get(md.RUN_TAG, []))
@@ -200,7 +210,39 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             runs.append({"run": run, "name": _display_name(run), "status": status, "live": status == "live",
                          "last_write": last_write, "age_s": round(now - last_write, 1),
                          "start": info.get("start"), "errors": problems})
+        if self._local:
+            self._offer_reads(ctx, experiment, runs, file_bytes)
         return {"runs": runs, "live_window_s": LIVE_WINDOW_S}
+
+    def _offer_reads(self, ctx: Any, experiment: str, runs: list[dict[str, Any]], file_bytes: dict[str, int]) -> None:
+        """Offer the background reader the runs the tab is likely to open next: the one it shows first (the first
+        listed), then the most recently written, as many as `read_ahead_runs` whose estimated indexes fit in
+        `read_ahead_bytes`. Each run is offered once per process; `read_ahead_run` skips one already read."""
+        likely = runs[:1] + sorted(runs[1:], key=lambda run: -run["last_write"])
+        budget = self._read_ahead_bytes
+        for run in likely[:self._read_ahead_runs]:
+            estimate = file_bytes.get(run["run"], 0) * INDEX_BYTES_PER_FILE_BYTE
+            if estimate > budget:
+                break
+            budget -= estimate
+            self.read_ahead.offer((experiment, run["run"]),
+                                  functools.partial(self.read_ahead_run, ctx, experiment, run["run"], estimate))
+
+    def read_ahead_run(self, ctx: Any, experiment: str, run: str, estimate_bytes: int = 0) -> bool:
+        """Read `run` and build what the tab asks for first (its timeline index and summary), unless it was read
+        already or its index (`estimate_bytes`) would not fit beside the cached ones: it never evicts a run.
+        True when it was read."""
+        key = (experiment, run)
+        with self._lock:
+            if key in self._cache or key in self._live:
+                return False
+            if len(self._cache) >= CACHE_RUNS or sum(entry.nbytes for entry in self._cache.values()) \
+                    + estimate_bytes > CACHE_BYTES:
+                return False
+        with contextlib.suppress(RunDataError, errors.NotFoundError):  # its routes report that
+            self._derived(ctx, experiment, run, "timeline", self._timeline)
+            self._derived(ctx, experiment, run, "summary", self._summary)  # the tables are dropped after both
+        return True
 
     def timeline_impl(self, ctx: Any, experiment: str, run: str, start: float | None, end: float | None,
                       points: int) -> dict[str, Any]:
@@ -311,13 +353,13 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             raise RunDataError(f"Run {run!r} has unreadable rnnmon data: {'; '.join(cached.errors)}")
         return cached
 
-    def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], float]:
-        """A local run's newest description, its errors (the description's, and damage to its files) and when
-        its files last changed; reads only the bytes written since the last call and parses only records that
-        name the description's tag."""
+    def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], float, int]:
+        """A local run's newest description, its errors (the description's, and damage to its files), when its
+        files last changed and their size; reads only the bytes written since the last call and parses only
+        records that name the description's tag."""
         run_dir = self._local.directory(run) if self._local else None
         if run_dir is None:
-            return {}, [], 0.0
+            return {}, [], 0.0, 0
         version = LocalRuns.version(run_dir)
         with self._descriptions_lock:
             known = self._descriptions.get((experiment, run))
@@ -325,7 +367,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 reader = known[1] if known else RunReader(run, tags=frozenset({md.RUN_TAG}))
                 known = self._descriptions[(experiment, run)] = (version, reader, reader.update_from_files(run_dir))
         data = known[2]
-        return data.info, data.errors, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0)
+        return (data.info, data.errors, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0),
+                sum(size for _, size, _ in version))
 
     def _plotly_bundle(self) -> bytes:
         """plotly.js from the installed `plotly` package, gzipped once."""

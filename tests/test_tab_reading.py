@@ -113,6 +113,40 @@ def test_local_logdir_reads_only_new_records_and_no_values_through_the_provider(
     assert provider.values_read == []
 
 
+def test_runs_reads_the_tabs_first_run_and_the_newest_ahead_within_the_budget(tmp_path):
+    t0 = time.time() - 500
+    for name in ("a", "b", "c"):  # written in this order: c is the newest, a is listed first
+        write_gpu_run(str(tmp_path / name / "rnnmon"), 20, start=t0)
+        time.sleep(0.05)
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = CountingProvider(multiplexer, str(tmp_path))
+    context_ = base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider)
+    plugin = RnnmonPlugin(context_, read_ahead_runs=2)
+    ctx = context.RequestContext()
+    assert [run["run"] for run in plugin.runs_impl(ctx, "")["runs"]] == ["a/rnnmon", "b/rnnmon", "c/rnnmon"]
+    deadline = time.monotonic() + 30
+    while plugin.read_ahead.done < 2 and time.monotonic() < deadline:  # no route but /runs was asked
+        time.sleep(0.02)
+    assert plugin.read_ahead.done == 2
+    read = {run for _, run in plugin._cache}
+    assert read == {"a/rnnmon", "c/rnnmon"}  # the tab's first run and the newest; b waits for its own request
+    for run in read:  # index and summary built, the run's tables dropped: what a request leaves behind
+        assert set(plugin._cache[("", run)].derived) == {"timeline", "summary"}
+        assert len(plugin._cache[("", run)].data.steps) == 0
+    plugin.runs_impl(ctx, "")  # a run is read ahead once
+    time.sleep(0.2)
+    assert plugin.read_ahead.done == 2 and provider.values_read == []
+    fresh = RnnmonPlugin(context_, read_ahead_runs=0)
+    for run in ("a/rnnmon", "b/rnnmon", "c/rnnmon"):
+        assert plugin.timeline_impl(ctx, "", run, None, None, 500) == fresh.timeline_impl(ctx, "", run, None, None, 500)
+    small = RnnmonPlugin(context_, read_ahead_bytes=1)  # no index fits: nothing is read ahead
+    small.runs_impl(ctx, "")
+    time.sleep(0.3)
+    assert small.read_ahead.done == 0 and not small._cache
+
+
 # --- a real TensorBoard, both loaders ------------------------------------------------------------------------------
 def _huge_shape_event(tag: str, step: int) -> bytes:
     """A few hundred bytes claiming a 10^9 x 7 float64 table (56 GB once expanded)."""
