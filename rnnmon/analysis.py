@@ -23,6 +23,7 @@ from rnnmon.diagnosis import measured_findings, summary_line
 from rnnmon.findings import Finding, rank_findings
 from rnnmon.imbalance import device_imbalance
 from rnnmon.input_share import median_speedup, pipeline_wait_s, robust_share
+from rnnmon.pipeline_context import in_measured_context
 from rnnmon.reader import RunData
 
 INPUT_BOUND_SHARE = 0.20  # the profiler's "highly input-bound"
@@ -83,7 +84,8 @@ def summarize(run: RunData) -> dict[str, Any]:
     }
     input_wait_s = (summary["shares"]["input"] or 0.0) * step_total  # beyond the fetch floor, robust
     summary["verdict"] = verdict(len(duration), input_wait_s, gap.sum(), step_total)
-    recorded = [Finding(**f) for f in run.findings if isinstance(f, dict) and _is_finding(f)]
+    recorded = in_measured_context([Finding(**f) for f in run.findings if isinstance(f, dict) and _is_finding(f)],
+                                   summary)
     dynamic = measured_findings(summary) + device_imbalance(summary)
     summary["findings"] = [f.to_dict() for f in rank_findings(recorded + dynamic)]
     summary["summary"] = summary_line(summary)
