@@ -267,12 +267,12 @@ class AlertEngine:
             window = self._wait_window
             if window.add(begin - gap_s, end, 100 * wait_s / total_s):
                 self._judge(wait.RULE, None, end, window.mean(), wait.pct, wait.resolve_pct,
-                            lambda v: f"Input wait took {_num(v)}% of step time over the last {_num(wait.for_s)} s")
+                            lambda v: f"Input wait took {_num(v)}% of step time over the last {_setting(wait.for_s)} s")
         if high.enabled:
             window = self._step_window
             if window.add(begin - gap_s, end, ms):
                 self._judge(high.RULE, None, end, window.median(), high.ms, high.resolve_ms,
-                            lambda v: f"Median step time was {_num(v)} ms over the last {_num(high.for_s)} s")
+                            lambda v: f"Median step time was {_num(v)} ms over the last {_setting(high.for_s)} s")
         if t.step_time_regression.enabled:
             self._regression(begin - gap_s, end, ms)
 
@@ -288,7 +288,7 @@ class AlertEngine:
         base = self._baseline_ms
         if full and base > 0:
             self._judge(rule.RULE, None, end, window.median() / base, rule.ratio, rule.resolve_ratio,
-                        lambda v: f"Median step time was {_num(v * base)} ms over the last {_num(rule.for_s)} s, "
+                        lambda v: f"Median step time was {_num(v * base)} ms over the last {_setting(rule.for_s)} s, "
                                   f"{_num(v, 2)}× the baseline of {_num(base)} ms from the first "
                                   f"{rule.baseline_steps} steps")
 
@@ -299,7 +299,8 @@ class AlertEngine:
         window = self._window(rule.RULE, device, rule.for_s)
         if window.sample(time, pct):
             self._judge(rule.RULE, device, time, window.mean(), rule.pct, rule.resolve_pct,
-                        lambda v: f"GPU {device} utilization averaged {_num(v)}% over the last {_num(rule.for_s)} s",
+                        lambda v: f"GPU {device} utilization averaged {_num(v)}% over the last "
+                                  f"{_setting(rule.for_s)} s",
                         high=False)
 
     def _device_stats(self, device: int, row: tuple[float, ...]) -> None:
@@ -310,7 +311,7 @@ class AlertEngine:
             if window.sample(time, 100 * used / total):
                 self._judge(memory.RULE, device, time, window.mean(), memory.pct, memory.resolve_pct,
                             lambda v: f"GPU {device} memory use averaged {_num(v)}% of {_num(total, 0)} MiB over "
-                                      f"the last {_num(memory.for_s)} s")
+                                      f"the last {_setting(memory.for_s)} s")
         if throttled.enabled and not math.isnan(bits):
             active = int(bits) & throttled.mask
             if active:
@@ -319,7 +320,7 @@ class AlertEngine:
             if window.sample(time, 100.0 if active else 0.0):
                 self._judge(throttled.RULE, device, time, window.mean(), throttled.pct, throttled.resolve_pct,
                             lambda v: f"GPU {device} clocks were throttled {_num(v)}% of the last "
-                                      f"{_num(throttled.for_s)} s, lately by {self._reasons(device)}")
+                                      f"{_setting(throttled.for_s)} s, lately by {self._reasons(device)}")
 
     def _gap(self, device: int | None, start: float, end: float, cause: str) -> None:
         rule = self._thresholds.idle_gap
@@ -329,7 +330,7 @@ class AlertEngine:
         where, advice = _GAP_CAUSES[cause]
         subject = "Training did no compute" if device is None else f"GPU {device} was idle"
         self._emit(rule.RULE, device, "firing", start, None, length, rule.min_s,
-                   f"{subject} for {_num(length)} s (alert at {_num(rule.min_s)} s), mostly {where}. {advice}")
+                   f"{subject} for {_num(length)} s (alert at {_setting(rule.min_s)} s), mostly {where}. {advice}")
         self._emit(rule.RULE, device, "resolved", start, end, length, rule.min_s,
                    f"The {_num(length)} s idle gap has ended.")
 
@@ -343,7 +344,7 @@ class AlertEngine:
         if alert is None:
             if sign * value > sign * fire_at:
                 event = self._emit(rule, device, "firing", time, None, value, fire_at,
-                                   f"{describe(value)} (alert {'above' if high else 'below'} {_num(fire_at)}"
+                                   f"{describe(value)} (alert {'above' if high else 'below'} {_setting(fire_at)}"
                                    f"{unit}). {_ADVICE[rule]}")
                 self._open[rule, device] = _Open(time, event, value, value, describe)
             return
@@ -384,6 +385,11 @@ def _event_time(event: AlertEvent) -> float:
 def _median_of_sorted(values: list[float]) -> float:
     middle = len(values) // 2
     return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _setting(value: float) -> str:
+    """A threshold as the user set it (0.25 stays 0.25, where a measurement is shown to one decimal)."""
+    return _num(value, 3)
 
 
 def _num(value: float, digits: int = 1) -> str:

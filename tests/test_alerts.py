@@ -283,3 +283,9 @@ def test_noise_around_every_threshold_fires_at_most_once(seed: int) -> None:
         by_rule.setdefault(event.rule, []).append(event.state)
     rules = ("input_wait_high", "gpu_memory_high", "gpu_throttled", "step_time_regression")
     assert by_rule == {rule: ["firing"] for rule in rules}
+
+
+def test_a_threshold_is_shown_as_set() -> None:
+    engine = AlertEngine(only(idle_gap={"min_s": 0.25}), wall_offset_s=OFFSET)  # was "alert at 0.2 s"
+    events = feed(engine, chunks({"steps": [WARMUP], "gaps": [(0, (10.0, 10.5, "input"))]}))
+    assert events[0].message.startswith("GPU 0 was idle for 0.5 s (alert at 0.25 s)")
