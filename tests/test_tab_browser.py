@@ -1,8 +1,8 @@
 """The rnnmon tab end to end: `rnnmon demo`, the real `tensorboard` with default flags, headless Chromium.
 
 Also the alert loop: thresholds saved in the tab reach a fit running in another process, whose alerts come back
-to the tab's chart and alert list. Screenshots go to artifacts/ (and the demo comparison to docs/tab.png, for
-the README).
+to the tab's chart and alert list. Screenshots go to artifacts/; `artifacts/tab_readme.png` is the
+README's picture: copy it to docs/tab.png to update that (a test run never writes into the checkout).
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def test_demo_runs_side_by_side(tab):
     assert frame.locator(".rm-steps").first.get_attribute("data-steps") == "256"
     assert "finished" in cards.nth(0).locator(".rm-status").inner_text().lower()
     _screenshot(page, "tab_demo.png")
-    docs = os.path.join(ROOT, "docs", "tab.png")  # for the README: down to the end of the tab's content
+    docs = os.path.join(ARTIFACTS, "tab_readme.png")  # for the README: down to the end of the tab's content
     bottom = page.locator("iframe").bounding_box()["y"] + frame.evaluate(
         "() => document.querySelector('.rm-app').getBoundingClientRect().bottom")
     viewport = page.viewport_size
