@@ -18,7 +18,8 @@ import warnings
 import numpy as np
 
 SEQUENCES, TIMESTEPS, FEATURES, BATCH = 4096, 32, 8, 32
-DECODE_S = 0.015  # the Python-side "decode" work per batch (file read, parsing)
+DECODE_S = 0.03  # the Python-side "decode" work per batch (file read, parsing): 3x a quiet 2-core step,
+# so the first run stays input-bound when a loaded machine doubles the step
 
 
 def make_dataset(tuned: bool, seed: int = 0):
