@@ -51,6 +51,8 @@ def summarize(run: RunData) -> dict[str, Any]:
     measured = bool(len(wait)) and not np.isnan(wait).all()
     floor_s = float(run.info.get("fetch_floor_ms") or math.nan) / 1e3
     per_batch_ms = 1e3 * duration / np.maximum(batches, 1)
+    if measured:  # the wait beyond the fetch floor, against each step with the gap before it
+        beyond_floor_s, step_with_gap_s = pipeline_wait_s(wait, batches, floor_s), duration + gap
     summary: dict[str, Any] = {
         "run": run.run,
         "backend": run.info.get("backend"),
@@ -75,9 +77,9 @@ def summarize(run: RunData) -> dict[str, Any]:
         "fetch_floor_ms": run.info.get("fetch_floor_ms"),
         "callback_ms_per_step": {name: round(1e3 * float(seconds) / max(len(run.steps), 1), 4)
                                  for name, seconds in (run.info.get("callback_hooks_s") or {}).items()},
-        "shares": {"input": robust_share(pipeline_wait_s(wait, batches, floor_s), duration + gap) if measured
-                   else None, "host": _ratio(gap.sum(), step_total)},
-        "input_speedup": median_speedup(pipeline_wait_s(wait, batches, floor_s), duration + gap) if measured
+        "shares": {"input": robust_share(beyond_floor_s, step_with_gap_s) if measured else None,
+                   "host": _ratio(gap.sum(), step_total)},
+        "input_speedup": median_speedup(beyond_floor_s, step_with_gap_s) if measured
         else None,  # the median step over the median step less its wait beyond the fetch floor
         "alerts": merge_alerts(run.alerts),
         "errors": run.errors,

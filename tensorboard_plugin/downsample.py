@@ -81,11 +81,12 @@ class MinMaxPyramid:
             high = np.concatenate([done_high, self._reduce(high, lowest=False, first=len(done_high))])
             self.levels.append((low, high))
 
-    def appended(self, x: np.ndarray, values: np.ndarray) -> MinMaxPyramid:
+    def appended(self, x: np.ndarray, values: np.ndarray) -> MinMaxPyramid | None:
         """A new pyramid of these rows followed by `x` (sorted, from `self.x[-1]` on) and `values`; only the
-        blocks the new rows complete are reduced. The same arrays as building it from all rows at once."""
+        blocks the new rows complete are reduced. The same arrays as building it from all rows at once.
+        None when `x` begins before the last row: build anew."""
         if len(self.x) and len(x) and x[0] < self.x[-1]:
-            raise ValueError("appended rows must not come before the last row")
+            return None
         values = values[:, None] if values.ndim == 1 else values
         values = np.concatenate([self.values, values.astype(self.values.dtype)])
         return MinMaxPyramid(np.concatenate([self.x, x]), values, self.levels)

@@ -236,8 +236,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         with self._lock:
             if key in self._cache or key in self._live:
                 return False
-            if len(self._cache) >= CACHE_RUNS or sum(entry.nbytes for entry in self._cache.values()) \
-                    + estimate_bytes > CACHE_BYTES:
+            if len(self._cache) >= CACHE_RUNS or self._cached_bytes() + estimate_bytes > CACHE_BYTES:
                 return False
         with contextlib.suppress(RunDataError, errors.NotFoundError):  # its routes report that
             self._derived(ctx, experiment, run, "timeline", self._timeline)
@@ -317,7 +316,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         tags = listing.get(run)
         if not tags:
             raise errors.NotFoundError(f"No rnnmon data for run {run!r}")
-        run_dir = self._local.directory(run) if self._local else None
+        run_dir = self._run_dir(run)
         if run_dir is not None:
             version: Any = LocalRuns.version(run_dir)
         else:
@@ -328,8 +327,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             if cached is None or cached.version != version:
                 cached = self._cache[key] = _CachedRun(version)
             self._cache.move_to_end(key)
-            while len(self._cache) > CACHE_RUNS or (
-                    len(self._cache) > 1 and sum(entry.nbytes for entry in self._cache.values()) > CACHE_BYTES):
+            while len(self._cache) > CACHE_RUNS or (len(self._cache) > 1 and self._cached_bytes() > CACHE_BYTES):
                 self._cache.popitem(last=False)  # the least recently used run
         with cached.lock:  # one reader per run and version; other requests for it wait for its result
             if cached.errors is None:
@@ -353,11 +351,19 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             raise RunDataError(f"Run {run!r} has unreadable rnnmon data: {'; '.join(cached.errors)}")
         return cached
 
+    def _run_dir(self, run: str) -> str | None:
+        """The folder of a local log directory's run; None: read it through the data provider."""
+        return self._local.directory(run) if self._local else None
+
+    def _cached_bytes(self) -> int:
+        """What the cached indexes and summaries hold (the caller holds `_lock`)."""
+        return sum(entry.nbytes for entry in self._cache.values())
+
     def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], float, int]:
         """A local run's newest description, its errors (the description's, and damage to its files), when its
         files last changed and their size; reads only the bytes written since the last call and parses only
         records that name the description's tag."""
-        run_dir = self._local.directory(run) if self._local else None
+        run_dir = self._run_dir(run)
         if run_dir is None:
             return {}, [], 0.0, 0
         version = LocalRuns.version(run_dir)

@@ -32,7 +32,7 @@ class LocalRuns:
     @classmethod
     def of(cls, logdir: str | None) -> LocalRuns | None:
         """The local log directory `logdir`, or None where it is remote or not given (`--logdir_spec`)."""
-        return cls(logdir) if logdir and reads_files(logdir) else None
+        return cls(logdir) if reads_files(logdir) else None
 
     def directory(self, run: str) -> str | None:
         """The folder of `run`, or None where the name is not one of this log directory's folders."""

@@ -131,13 +131,13 @@ class _StepIndex:
     def appended(self, steps: np.ndarray, origin: float) -> _StepIndex | None:
         """A new index with `steps` (rows after those indexed) added; None when one begins before the last."""
         begin, number, values, longest_s = _step_columns(steps, origin)
-        if len(begin) and len(self.pyramid.x) and begin[0] < self.pyramid.x[-1]:
+        pyramid = self.pyramid.appended(begin, values)
+        if pyramid is None:
             return None
         out = copy.copy(self)
-        out.longest_s = max(self.longest_s, longest_s)
+        out.longest_s, out.pyramid = max(self.longest_s, longest_s), pyramid
         wide = len(number) and number.max() >= 2**31
         out.number = np.concatenate([self.number, number.astype(np.int64 if wide else self.number.dtype)])
-        out.pyramid = self.pyramid.appended(begin, values)
         return out
 
     def view(self, lo: float, hi: float, points: int) -> dict[str, Any]:
@@ -169,9 +169,8 @@ class _StepIndex:
 def _step_columns(steps: np.ndarray, origin: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """(begin since the origin, step number, [input wait, compute, host gap] ms as float32, longest step in s) of
     the steps after each fit's warm-up, by begin time."""
-    steps = steps[~np.isnan(steps[:, _S["host_gap_ms"]])]  # each fit's first step is its warm-up phase
-    if not np.all(np.diff(steps[:, _S["begin"]]) >= 0):  # one writer's steps come in order: skip the sort
-        steps = steps[np.argsort(steps[:, _S["begin"]], kind="stable")]
+    warmup = np.isnan(steps[:, _S["host_gap_ms"]])  # each fit's first step is its warm-up phase
+    steps = _by_column(steps[~warmup], _S["begin"])
     duration_s = steps[:, _S["end"]] - steps[:, _S["begin"]]
     wait_ms = steps[:, _S["input_wait_ms"]]
     values = np.empty((len(steps), 3), dtype=np.float32)
@@ -198,8 +197,8 @@ class _GpuIndex:
         stats = new.stats.get(self.index, np.empty((0, len(md.STAT_COLUMNS))))
         util = new.util.get(self.index, np.empty((0, len(md.UTIL_COLUMNS))))
         out = copy.copy(self)
-        out.util = _series_appended(self.util, util[:, 0] - origin, util[:, 1])
-        out.sm = _series_appended(self.sm, stats[:, 0] - origin, stats[:, _SM_ACTIVITY])
+        out.util = self.util.appended(*_measured(util[:, 0] - origin, util[:, 1]))
+        out.sm = self.sm.appended(*_measured(stats[:, 0] - origin, stats[:, _SM_ACTIVITY]))
         return None if out.util is None or out.sm is None else out
 
     def view(self, lo: float, hi: float, points: int) -> dict[str, Any]:
@@ -219,13 +218,6 @@ def _measured(time: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarr
     time, value = time[order], value[order]
     measured = ~np.isnan(value)
     return time[measured], value[measured].astype(np.float32)
-
-
-def _series_appended(pyramid: MinMaxPyramid, time: np.ndarray, value: np.ndarray) -> MinMaxPyramid | None:
-    time, value = _measured(time, value)
-    if len(time) and len(pyramid.x) and time[0] < pyramid.x[-1]:
-        return None
-    return pyramid.appended(time, value)
 
 
 def _series(pyramid: MinMaxPyramid, lo: float, hi: float, points: int) -> dict[str, Any]:
@@ -248,8 +240,7 @@ class _IntervalIndex:
 
     def _columns(self, table: np.ndarray, origin: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(start, end, group) of the intervals by start; the group numbers (device, kind), device -1 as 0."""
-        if not np.all(table[1:, 1] >= table[:-1, 1]):  # one writer's intervals come by start: skip the sort
-            table = table[np.argsort(table[:, 1], kind="stable")]
+        table = _by_column(table, 1)
         group = ((table[:, 0] + 1) * len(self.names) + table[:, 3]).astype(np.int32)
         return table[:, 1] - origin, table[:, 2] - origin, group
 
@@ -290,6 +281,12 @@ class _IntervalIndex:
             label: [self.names[int(k) % len(self.names)] for k in g],
             "device": [None if d == md.STEP_DEVICE else int(d) for d in devices.tolist()],
         }
+
+
+def _by_column(table: np.ndarray, column: int) -> np.ndarray:
+    """`table`'s rows in order of `column` (a stable sort); as it is when they already are (one writer's rows)."""
+    keys = table[:, column]
+    return table if np.all(keys[1:] >= keys[:-1]) else table[np.argsort(keys, kind="stable")]
 
 
 def _phase_intervals(phases: np.ndarray) -> np.ndarray:

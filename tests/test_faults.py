@@ -50,6 +50,18 @@ def _messages(caplog, level: int) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelno == level]
 
 
+def _finished_run(run_dir, within_s: float):
+    """The run in `run_dir` once its status reads "finished" (its writer lands it from the background), or as it
+    is after `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(KeyError, ValueError):
+            if read_run(str(run_dir)).info.get("status") == "finished":
+                break
+        time.sleep(0.2)
+    return read_run(str(run_dir))
+
+
 def test_hung_driver_neither_holds_up_writes_nor_the_end_of_fit(tmp_path):
     lib = FakeNvmlLib([FakeGpu(pids=[os.getpid()])])
     seen: dict[str, int] = {}
@@ -132,13 +144,7 @@ def test_full_disk_is_survived_and_the_status_lands_when_space_returns(small_dis
     assert any("No space left on device" in e for e in errors)
     assert sum("cannot write" in e for e in errors) == 1  # logged once
     filler.unlink()  # space returns after the fit: the writer thread is still retrying
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with contextlib.suppress(KeyError, ValueError):
-            if read_run(str(small_disk / "exp")).info.get("status") == "finished":
-                break
-        time.sleep(0.2)
-    run = read_run(str(small_disk / "exp"))
+    run = _finished_run(small_disk / "exp", within_s=10)
     assert run.info["status"] == "finished" and len(run.steps) == 400  # nothing was lost
     assert read_logdir(str(small_disk))["exp/rnnmon"].errors == []  # no half-written record before the retries
     assert any("writing to" in m and "again" in m for m in _messages(caplog, logging.WARNING))
@@ -267,11 +273,5 @@ def test_a_write_that_blocks_holds_up_the_end_of_fit_5_s_at_most(freezable_disk,
     assert len(history.history["loss"]) == 1 and 4.5 < marks.ended_s < 9  # waited 5 s for the write, then left
     errors = _messages(caplog, logging.ERROR)
     assert len(errors) == 1 and "did not finish within 5 s" in errors[0], errors
-    deadline = time.monotonic() + 20  # thawed: the blocked write, then the end, land from the background
-    while time.monotonic() < deadline:
-        with contextlib.suppress(KeyError, ValueError):
-            if read_run(str(freezable_disk / "exp")).info.get("status") == "finished":
-                break
-        time.sleep(0.2)
-    run = read_run(str(freezable_disk / "exp"))
+    run = _finished_run(freezable_disk / "exp", within_s=20)  # thawed: the blocked write, then the end, land
     assert run.info["status"] == "finished" and len(run.steps) == 40

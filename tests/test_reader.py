@@ -129,6 +129,15 @@ def _one_file(run_dir) -> str:
     return os.path.join(run_dir, name)
 
 
+def _flip(path, offset: int, bits: int) -> None:
+    """XOR the byte at `offset` of the file at `path` with `bits`: one damaged byte."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ bits]))
+
+
 def test_truncated_and_bit_flipped_files_are_errors_of_their_run(tmp_path):
     _healthy(tmp_path)
     for name in ("cut", "flipped", "length"):
@@ -138,18 +147,10 @@ def test_truncated_and_bit_flipped_files_are_errors_of_their_run(tmp_path):
         f.truncate(os.path.getsize(cut) - 100)
     os.utime(cut, (time.time() - 60, time.time() - 60))  # not a live writer's half-written record
     flipped = _one_file(tmp_path / "flipped" / "rnnmon")
-    with open(flipped, "r+b") as f:
-        f.seek(os.path.getsize(flipped) // 2)
-        byte = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([byte[0] ^ 0x10]))
+    _flip(flipped, os.path.getsize(flipped) // 2, 0x10)
     length = _one_file(tmp_path / "length" / "rnnmon")
     before = scan_records(length).records[:-1]  # the steps chunk comes last: flip a bit of its length field
-    with open(length, "r+b") as f:
-        f.seek(sum(12 + len(record) + 4 for record in before) + 1)
-        byte = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([byte[0] ^ 0x01]))
+    _flip(length, sum(12 + len(record) + 4 for record in before) + 1, 0x01)
     runs = read_logdir(str(tmp_path))
     assert runs["healthy/rnnmon"].errors == []
     assert any("truncated" in e for e in runs["cut/rnnmon"].errors), runs["cut/rnnmon"].errors
@@ -269,11 +270,7 @@ def test_scan_resumes_after_a_half_written_record(tmp_path):
 def test_check_files_finds_the_damage_the_data_provider_hides(tmp_path):
     _healthy(tmp_path, "flipped")
     path = _one_file(tmp_path / "flipped" / "rnnmon")
-    with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) // 2)
-        byte = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([byte[0] ^ 0x10]))
+    _flip(path, os.path.getsize(path) // 2, 0x10)
     provider, ctx = open_logdir(str(tmp_path))
     reader = RunReader("flipped/rnnmon")
     assert reader.update_from_provider(provider, ctx).errors == []  # TensorBoard's loader says nothing
