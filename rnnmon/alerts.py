@@ -39,6 +39,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from rnnmon.gaps import overlap_s
 from rnnmon.metadata import PHASE_KINDS, STAT_COLUMNS, STEP_DEVICE
 from rnnmon.thresholds import THROTTLE_REASONS, Thresholds
 
@@ -240,8 +241,7 @@ class AlertEngine:
         return sorted(self._events, key=_event_time)
 
     def _mostly_warmup(self, start: float, end: float) -> bool:
-        overlap = sum(max(0.0, min(end, w_end) - max(start, w_start)) for w_start, w_end in self._warmups)
-        return overlap >= 0.5 * (end - start)
+        return overlap_s(start, end, self._warmups) >= 0.5 * (end - start)
 
     def finish(self, now: float, reason: str = "Training ended") -> list[AlertEvent]:
         """Resolve every open alert at `now` (monotonic seconds), as training ends or the thresholds change."""

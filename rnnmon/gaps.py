@@ -25,6 +25,11 @@ Gap = tuple[float, float, str]  # start, end, cause
 _TOUCH_S = 1e-4  # intervals closer than this are contiguous
 
 
+def overlap_s(start: float, end: float, intervals: Iterable[tuple[float, float]]) -> float:
+    """How much of [start, end] the (start, end) `intervals` cover, in seconds (they do not overlap each other)."""
+    return sum(max(0.0, min(end, i_end) - max(start, i_start)) for i_start, i_end in intervals)
+
+
 class PhaseIntervals:
     """Known non-compute intervals (start, end, cause index), kept while gaps may still need them.
 
@@ -60,7 +65,7 @@ class PhaseIntervals:
         rows = self._table()
         overlap = np.clip(np.minimum(rows[:, 1], end) - np.maximum(rows[:, 0], start), 0, None)
         totals = np.bincount(rows[:, 2].astype(int), weights=overlap, minlength=len(GAP_CAUSES)).astype(float)
-        warmup_s = sum(max(0.0, min(end, w_end) - max(start, w_start)) for w_start, w_end in self._warmups)
+        warmup_s = overlap_s(start, end, self._warmups)
         totals[GAP_CAUSES.index("other")] = max(0.0, (end - start) - totals.sum() - warmup_s)
         return GAP_CAUSES[int(np.argmax(totals))] if totals.any() else "other"
 
