@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from tensorboard.compat.proto import event_pb2
 
-from rnnmon.eventfile import scan_records
+from rnnmon.format.eventfile import scan_records
 
 
 def _group(tag: str) -> str:

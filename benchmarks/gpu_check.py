@@ -210,13 +210,13 @@ def _check_mig(pynvml: Any, handle: Any) -> None:
 
 
 def _check_order(pynvml: Any, count: int, cuda: Callable[[], list[str] | None]) -> None:
-    from rnnmon.devices import resolve_uuid
-    from rnnmon.nvml import Nvml
+    from rnnmon.gpu.devices import resolve_uuid
+    from rnnmon.gpu.nvml import Nvml
 
     nvml = Nvml()
     nvml.start()
     try:
-        from rnnmon.devices import nvml_inventory
+        from rnnmon.gpu.devices import nvml_inventory
 
         inventory = nvml_inventory(nvml)
     finally:
@@ -238,7 +238,7 @@ def _check_order(pynvml: Any, count: int, cuda: Callable[[], list[str] | None]) 
 
 
 def _cuda_uuids() -> list[str] | None:
-    from rnnmon.cuda_devices import cuda_device_uuids
+    from rnnmon.gpu.cuda_devices import cuda_device_uuids
 
     try:
         ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)  # this script may load the driver; rnnmon never does
@@ -273,8 +273,8 @@ def _check_fit(periods: dict[int, float | None]) -> bool:
     import numpy as np
 
     import rnnmon
-    from rnnmon.analysis import summarize
-    from rnnmon.reader import open_logdir, read_runs
+    from rnnmon.analysis.summary import summarize
+    from rnnmon.format.reader import open_logdir, read_runs
 
     backend = keras.backend.backend()
     print(f"\nFit: LSTM(256) on the {backend} backend, 120 steps, a {STALL_S:.0f} s input stall at step 60")

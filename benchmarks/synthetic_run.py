@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from rnnmon import metadata as md
-from rnnmon.recorder import Recorder
-from rnnmon.writer import SummaryWriter
+from rnnmon.capture.recorder import Recorder
+from rnnmon.format import schema
+from rnnmon.format.writer import SummaryWriter
 
 SAMPLE_INTERVAL_S = 0.5  # UtilizationMonitor's defaults
 FLUSH_S = 2.0
@@ -74,8 +74,8 @@ def _fake_gpu(clock: VirtualClock, idle: list[tuple[float, float]], dip_every: i
 
     lib = FakeNvmlLib([FakeGpu(utilization=utilization)], clock=clock)
     with installed(lib):
-        from rnnmon.nvml import Nvml
-        from rnnmon.sampler import Sampler
+        from rnnmon.gpu.nvml import Nvml
+        from rnnmon.gpu.sampler import Sampler
 
         nvml = Nvml()
         nvml.start()
@@ -97,14 +97,14 @@ def write_run(run_dir: str, steps: int = 1_000_000, kind: str = "input", *, dip_
     idle: list[tuple[float, float]] = []
     writer = SummaryWriter(run_dir)
     description: dict[str, Any] = {
-        "version": md.FORMAT_VERSION, "status": "running", "start": clock.now + offset, "end": None,
+        "version": schema.FORMAT_VERSION, "status": "running", "start": clock.now + offset, "end": None,
         "backend": "tensorflow", "keras": "3", "host": "synthetic", "pid": 1, "steps_per_execution": 1,
         "input_wait": "measured", "idle_pct": 5.0, "gpus": [], "nvml": "unavailable"}
     with contextlib.ExitStack() as stack:
         sampler = stack.enter_context(_fake_gpu(clock, idle, dip_every, seed)) if kind == "gpu" else None
         if sampler is not None:
             description.update(gpus=sampler.describe(), nvml="available")
-        writer.json(md.RUN_TAG, description)
+        writer.json(schema.RUN_TAG, description)
         recorder = Recorder(writer, sampler, offset)
         recorder.add_phase("warmup", clock.now - 0.5, clock.now)
         next_poll, next_flush, last_end = clock.now, clock.now + FLUSH_S, clock.now
@@ -125,7 +125,7 @@ def write_run(run_dir: str, steps: int = 1_000_000, kind: str = "input", *, dip_
                 next_flush = clock.now + FLUSH_S
         recorder.flush(horizon=last_end, final=True)
     description.update(status=status, end=last_end + offset, steps=steps)
-    writer.json(md.RUN_TAG, description)
+    writer.json(schema.RUN_TAG, description)
     writer.close()
     size = sum(os.path.getsize(p) for p in glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))
     return {"run_dir": run_dir, "kind": kind, "steps": steps, "bytes": size, "bytes_per_step": round(size / steps, 2),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rnnmon.audit.model_and_input import audit
 from rnnmon.findings import Finding
-from rnnmon.static_audit import audit
 
 if TYPE_CHECKING:
     from rnnmon.monitor import UtilizationMonitor

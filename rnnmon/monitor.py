@@ -22,30 +22,41 @@ from typing import Any, Literal
 
 import keras
 
-from rnnmon import metadata as md
-from rnnmon.alerting import Alerting
-from rnnmon.alerts import AlertEvent
-from rnnmon.callback_timing import CallbackTiming
-from rnnmon.devices import backend_gpu_count, model_cuda_ordinals, nvml_inventory, process_on_devices, select_devices
-from rnnmon.exits import ExitGuard
-from rnnmon.fetch_floor import fetch_floor_s
+from rnnmon.alerts.delivery import Alerting
+from rnnmon.alerts.prometheus import PrometheusExporter
+from rnnmon.alerts.rules import AlertEvent
+from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.audit.pipeline import audit_pipeline
+from rnnmon.audit.placement import audit_placement
+from rnnmon.audit.preprocessing import audit_preprocessing
+from rnnmon.audit.rnn_layers import audit_rnn_layers
+from rnnmon.capture.callback_timing import CallbackTiming
+from rnnmon.capture.exits import ExitGuard
+from rnnmon.capture.fetch_floor import fetch_floor_s
+from rnnmon.capture.fit_scope import FitScope
+from rnnmon.capture.input_timing import (
+    EpochIteratorTiming,
+    unwrap_train_function,
+    wrap_jax_train_function,
+    wrap_train_function,
+)
+from rnnmon.capture.profiling import ProfileCapture
+from rnnmon.capture.recorder import Recorder
+from rnnmon.capture.ticker import Ticker
+from rnnmon.capture.workers import worker_name
 from rnnmon.findings import Finding, sort_findings
-from rnnmon.fit_scope import FitScope
-from rnnmon.input_timing import EpochIteratorTiming, unwrap_train_function, wrap_jax_train_function, wrap_train_function
-from rnnmon.nvml import Nvml
-from rnnmon.pipeline_audit import audit_pipeline
-from rnnmon.placement_audit import audit_placement
-from rnnmon.preprocessing_audit import audit_preprocessing
-from rnnmon.profiling import ProfileCapture
-from rnnmon.prometheus import PrometheusExporter
-from rnnmon.recorder import Recorder
-from rnnmon.rnn_audit import audit_rnn_layers
-from rnnmon.run_lock import RunLock
-from rnnmon.sampler import Sampler
-from rnnmon.thresholds import Thresholds
-from rnnmon.ticker import Ticker
-from rnnmon.workers import worker_name
-from rnnmon.writer import SummaryWriter
+from rnnmon.format import schema
+from rnnmon.format.run_lock import RunLock
+from rnnmon.format.writer import SummaryWriter
+from rnnmon.gpu.devices import (
+    backend_gpu_count,
+    model_cuda_ordinals,
+    nvml_inventory,
+    process_on_devices,
+    select_devices,
+)
+from rnnmon.gpu.nvml import Nvml
+from rnnmon.gpu.sampler import Sampler
 
 LOG = logging.getLogger("rnnmon")
 NA = math.nan
@@ -128,7 +139,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
                  "prometheus_port", prometheus_port, "None or a port number in [0, 65535]")
         self.log_dir = log_dir
         self.worker = worker_name()
-        self.run_dir = os.path.join(log_dir, *([self.worker] if self.worker else []), md.RUN_SUBDIR)
+        self.run_dir = os.path.join(log_dir, *([self.worker] if self.worker else []), schema.RUN_SUBDIR)
         self.devices = devices
         self.sample_interval_s = sample_interval_s
         self.flush_secs = flush_secs
@@ -225,7 +236,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._exporter.add_devices(d["index"] for d in sampler.describe())
         self._input_timing = self._install_input_timing()
         self._run_info = self._describe_run(sampler)
-        self._writer.json(md.RUN_TAG, self._run_info)
+        self._writer.json(schema.RUN_TAG, self._run_info)
         self._findings: list[Finding] = []
         if self.audit:
             self._audit_setup()
@@ -376,7 +387,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             if self._callback_timing is not None:
                 self._run_info.update(callback_hooks_s={name: round(seconds, 6) for name, seconds
                                                         in self._callback_timing.totals_s().items()})
-            self._writer.json(md.RUN_TAG, self._run_info)
+            self._writer.json(schema.RUN_TAG, self._run_info)
             written = self._writer.flush()
         finally:
             if self._sampler is not None and polled:
@@ -421,11 +432,11 @@ class UtilizationMonitor(keras.callbacks.Callback):
         floor_s = fetch_floor_s(batch)
         if not math.isnan(floor_s):
             self._run_info.update(fetch_floor_ms=round(floor_s * 1e3, 4))
-            self._writer.json(md.RUN_TAG, self._run_info)
+            self._writer.json(schema.RUN_TAG, self._run_info)
 
     def _on_thresholds_change(self, alerting: Alerting) -> None:
         self._run_info.update(thresholds=alerting.thresholds.to_dict(), thresholds_source=alerting.source)
-        self._writer.json(md.RUN_TAG, self._run_info)
+        self._writer.json(schema.RUN_TAG, self._run_info)
 
     def _on_fire(self, event: AlertEvent) -> None:
         stop = self.stop_on_alert
@@ -470,11 +481,11 @@ class UtilizationMonitor(keras.callbacks.Callback):
             LOG.log(level, "rnnmon %s %s at %s: %s Fix: %s", finding.severity, finding.code, finding.where,
                     finding.message, finding.advice)
         self._findings = sort_findings([*self._findings, *findings])
-        self._writer.json(md.FINDINGS_TAG, [f.to_dict() for f in self._findings])
+        self._writer.json(schema.FINDINGS_TAG, [f.to_dict() for f in self._findings])
 
     def _describe_run(self, sampler: Sampler | None) -> dict[str, Any]:
         return {
-            "version": md.FORMAT_VERSION, "status": "running", "start": time.time(), "end": None,
+            "version": schema.FORMAT_VERSION, "status": "running", "start": time.time(), "end": None,
             "backend": keras.backend.backend(), "keras": keras.__version__, "host": socket.gethostname(),
             "pid": os.getpid(), "worker": self.worker, "steps_per_execution": self._per_execution,
             "input_wait": self._input_timing, "idle_pct": self.idle_pct,

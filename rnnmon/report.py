@@ -1,6 +1,6 @@
 """`rnnmon report`: every run with rnnmon data under a log directory, as a table or as JSON.
 
-Runs are read from their event files by `rnnmon.reader.read_logdir`: no TensorFlow is imported. Names and
+Runs are read from their event files by `rnnmon.format.reader.read_logdir`: no TensorFlow is imported. Names and
 messages come from files anyone could have written, so the text report shows control characters escaped.
 
 Example:
@@ -14,9 +14,9 @@ import os
 import re
 from typing import Any
 
-from rnnmon.analysis import gap_list, summarize
-from rnnmon.reader import read_logdir
-from rnnmon.stragglers import compare_workers
+from rnnmon.analysis.stragglers import compare_workers
+from rnnmon.analysis.summary import gap_list, summarize
+from rnnmon.format.reader import read_logdir
 
 VERDICT_TEXT = {
     "input-bound": "input-bound: the step waits for the input pipeline",

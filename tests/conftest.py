@@ -13,10 +13,13 @@ from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the helpers: fake_nvml, synthetic_runs
 
 import numpy as np
 import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
 
 TIMESTEPS, FEATURES, BATCH = 16, 8, 32
 
@@ -90,7 +93,7 @@ def no_nvml():
 
 
 def read_run(logdir: str, run: str = "rnnmon"):
-    from rnnmon.reader import open_logdir, read_runs
+    from rnnmon.format.reader import open_logdir, read_runs
 
     provider, ctx = open_logdir(logdir)
     return read_runs(provider, ctx)[run]

@@ -1,7 +1,7 @@
 """rnnmon runs written straight to event files: a GPU run of any length in milliseconds, and damaged runs.
 
 They use rnnmon's own `SummaryWriter` and format, so TensorBoard's loaders read them exactly like a monitor's
-output. Real fits (tests/test_plugin.py) cover what the monitor writes; these cover what a fit on a 2-core CPU
+output. Real fits (tests/tab/test_plugin.py) cover what the monitor writes; these cover what a fit on a 2-core CPU
 cannot: many chunks, GPUs, one-sample dips, unreadable data.
 
 Example:
@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from rnnmon import metadata as md
-from rnnmon.writer import SummaryWriter
+from rnnmon.format import schema
+from rnnmon.format.writer import SummaryWriter
 
 STEP_S, WAIT_S, SAMPLE_S = 0.020, 0.006, 1 / 6
 
@@ -32,8 +32,8 @@ def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: 
     """
     writer = SummaryWriter(run_dir)
     t = time.time() - chunks * 2.0 if start is None else start
-    writer.json(md.RUN_TAG, {"version": md.FORMAT_VERSION, "status": "running", "start": t, "backend": "tensorflow",
-                             "input_wait": "measured", "idle_pct": 5.0})
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "running", "start": t,
+                                 "backend": "tensorflow", "input_wait": "measured", "idle_pct": 5.0})
     rng = np.random.default_rng(0)
     step, sample = 0, 0
     chunk_s = max(steps_per_chunk * STEP_S, samples_per_chunk * SAMPLE_S)
@@ -42,7 +42,7 @@ def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: 
         wait_ms = 1e3 * wait_s * rng.uniform(0.5, 1.5, steps_per_chunk)
         rows = [(step + i + 1, chunk // 10, b, b + STEP_S * 0.9, w, 1e3 * STEP_S * 0.1 if step + i else np.nan, 1)
                 for i, (b, w) in enumerate(zip(begin, wait_ms))]
-        writer.table(md.STEPS_TAG, rows)
+        writer.table(schema.STEPS_TAG, rows)
         step += steps_per_chunk
         times = t + chunk * chunk_s + np.arange(samples_per_chunk) * SAMPLE_S
         for index in range(gpus):
@@ -50,33 +50,33 @@ def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: 
             if index == 0 and dip_at is not None and sample <= dip_at < sample + samples_per_chunk:
                 util[dip_at - sample] = 0.0
             device = {"index": index, "name": f"Fake GPU <{index}>"}
-            writer.table(f"{md.UTIL_TAG_PREFIX}{index}", np.column_stack([times, util]), device=device)
-            stats = np.full((samples_per_chunk, len(md.STAT_COLUMNS)), np.nan)
+            writer.table(f"{schema.UTIL_TAG_PREFIX}{index}", np.column_stack([times, util]), device=device)
+            stats = np.full((samples_per_chunk, len(schema.STAT_COLUMNS)), np.nan)
             stats[:, 0] = times
-            stats[:, md.STAT_COLUMNS.index("sm_activity_pct")] = util * 0.7
-            writer.table(f"{md.STATS_TAG_PREFIX}{index}", stats, device=device)
-            writer.table(md.GAPS_TAG, [(index, times[2], times[3], md.GAP_CAUSES.index("input"))])
+            stats[:, schema.STAT_COLUMNS.index("sm_activity_pct")] = util * 0.7
+            writer.table(f"{schema.STATS_TAG_PREFIX}{index}", stats, device=device)
+            writer.table(schema.GAPS_TAG, [(index, times[2], times[3], schema.GAP_CAUSES.index("input"))])
         sample += samples_per_chunk
-    writer.table(md.PHASES_TAG, [(md.PHASE_KINDS.index("warmup"), t - 0.5, t),
-                                 (md.PHASE_KINDS.index("eval"), t + chunk_s, t + 1.5 * chunk_s)])
-    writer.json(md.RUN_TAG, {"version": md.FORMAT_VERSION, "status": status, "start": t, "backend": "tensorflow",
-                             "input_wait": "measured", "idle_pct": 5.0})
+    writer.table(schema.PHASES_TAG, [(schema.PHASE_KINDS.index("warmup"), t - 0.5, t),
+                                     (schema.PHASE_KINDS.index("eval"), t + chunk_s, t + 1.5 * chunk_s)])
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": status, "start": t,
+                                 "backend": "tensorflow", "input_wait": "measured", "idle_pct": 5.0})
     writer.close()
 
 
 def write_unreadable_run(run_dir: str) -> None:
     """A run whose steps table has the wrong number of columns, as a damaged or foreign writer would leave."""
     writer = SummaryWriter(run_dir)
-    writer.json(md.RUN_TAG, {"version": md.FORMAT_VERSION, "status": "finished", "start": time.time()})
-    writer.table(md.STEPS_TAG, np.zeros((3, 4)))
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "finished", "start": time.time()})
+    writer.table(schema.STEPS_TAG, np.zeros((3, 4)))
     writer.close()
 
 
 def write_bad_description_run(run_dir: str) -> None:
     """A run whose run description is a number instead of a JSON document; its steps are fine."""
     writer = SummaryWriter(run_dir)
-    writer.table(md.RUN_TAG, [[1.0]])
-    writer.table(md.STEPS_TAG, [(1, 0, 1.0, 1.01, 1.0, np.nan, 1), (2, 0, 1.02, 1.03, 1.0, 1.0, 1)])
+    writer.table(schema.RUN_TAG, [[1.0]])
+    writer.table(schema.STEPS_TAG, [(1, 0, 1.0, 1.01, 1.0, np.nan, 1), (2, 0, 1.02, 1.03, 1.0, 1.0, 1)])
     writer.close()
 
 

@@ -1,0 +1,160 @@
+"""Acting on alerts: rules are judged on every chunk, and each alert is logged, recorded and handed on.
+
+Runs on rnnmon's background thread. Thresholds come from the callback, and a thresholds file saved by the
+TensorBoard tab in the run's log directory (or up to three levels above it) replaces them within one flush.
+
+Example:
+    >>> alerting = Alerting(Thresholds(), log_dir="runs/exp1", writer=writer, wall_offset_s=offset)
+    >>> alerting.on_chunk(chunk)          # from Recorder(on_chunk=...)
+    >>> alerting.finish(time.perf_counter())
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+
+from rnnmon.alerts.rules import AlertEngine, AlertEvent
+from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, load_thresholds_file
+from rnnmon.format import schema
+from rnnmon.format.writer import SummaryWriter
+
+LOG = logging.getLogger("rnnmon")
+_LEVELS_UP = 3
+
+
+def thresholds_files(log_dir: str, root: str | None = None) -> list[str]:
+    """Where a saved thresholds file applies to `log_dir`, nearest first.
+
+    `log_dir` and up to three folders above it, never above `root` (when given, and `log_dir` is inside it),
+    and never a shared one: the system's temp directory or any folder everyone may write to, where another
+    user could plant a file.
+    """
+    folder = os.path.abspath(log_dir)
+    top = os.path.abspath(root) if root is not None else None
+    if top is not None and os.path.commonpath([folder, top]) != top:
+        top = folder
+    shared = os.path.realpath(tempfile.gettempdir())
+    paths = [os.path.join(folder, THRESHOLDS_FILE)]
+    for _ in range(_LEVELS_UP):
+        parent = os.path.dirname(folder)
+        if parent == folder or folder == top or _shared(parent, shared):
+            break
+        folder = parent
+        paths.append(os.path.join(folder, THRESHOLDS_FILE))
+    return paths
+
+
+def _shared(folder: str, temp_dir: str) -> bool:
+    try:
+        return os.path.realpath(folder) == temp_dir or bool(os.stat(folder).st_mode & stat.S_IWOTH)
+    except OSError:  # not there (yet)
+        return False
+
+
+class Alerting:
+    """Feeds chunks to an `AlertEngine` and delivers its events.
+
+    Args:
+        thresholds: The thresholds set in code.
+        log_dir: The run's log directory, searched (and its parents) for a thresholds file.
+        writer: Where alert events are recorded (`rnnmon/alerts`).
+        wall_offset_s: Monotonic-to-Unix offset of the chunks' times.
+        on_alert: Called with every event, on the background thread.
+        on_fire: Called with every firing event after `on_alert` (stop training, start a profile).
+        on_change: Called with this object when a thresholds file replaces the thresholds during the fit.
+        watch_file: Follow the thresholds file. Defaults to `True`.
+        thresholds_root: The highest folder searched for it (TensorBoard's `--logdir`). Defaults to `None`:
+            three levels up, short of shared folders (see `thresholds_files`).
+    """
+
+    def __init__(self, thresholds: Thresholds, *, log_dir: str, writer: SummaryWriter, wall_offset_s: float,
+                 on_alert: Callable[[AlertEvent], None] | None = None,
+                 on_fire: Callable[[AlertEvent], None] | None = None,
+                 on_change: Callable[[Alerting], None] | None = None, watch_file: bool = True,
+                 thresholds_root: str | None = None) -> None:
+        self._writer = writer
+        self._wall_offset_s = wall_offset_s
+        self._on_alert = on_alert
+        self._on_fire = on_fire
+        self._on_change = on_change
+        self._hooks_off = False
+        self.source = "callback"  # or the path of the thresholds file in use
+        self._files = thresholds_files(log_dir, thresholds_root) if watch_file else []
+        self._seen: tuple[str, float] | None = None
+        self._engine = AlertEngine(thresholds, wall_offset_s=wall_offset_s)
+        self._reload(now=None)
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return self._engine.thresholds
+
+    @property
+    def firing(self) -> list[str]:
+        """The rules firing now, once per firing device."""
+        return [event.rule for event in self._engine.active]
+
+    def on_chunk(self, chunk: dict) -> None:
+        self._reload(now=max((row[3] for row in chunk["steps"]), default=None))
+        self._deliver(self._engine.update(chunk))
+
+    def finish(self, now: float) -> None:
+        self._deliver(self._engine.finish(now))
+
+    def _reload(self, now: float | None) -> None:
+        """Switch to the nearest thresholds file when it appears or changes; a bad file is logged and skipped."""
+        current = self._nearest_file()
+        if current == self._seen:
+            return
+        self._seen = current
+        if current is None:
+            return
+        try:
+            thresholds = load_thresholds_file(current[0])
+        except (ValueError, OSError) as error:
+            LOG.warning("rnnmon: ignoring the thresholds file: %s", error)
+            return
+        if thresholds is None or thresholds == self._engine.thresholds:
+            return
+        if now is not None:  # alerts judged by the old thresholds end here
+            self._deliver(self._engine.finish(now, reason=f"Thresholds changed ({current[0]})"))
+        self._engine = AlertEngine(thresholds, wall_offset_s=self._wall_offset_s)
+        self.source = current[0]
+        LOG.warning("rnnmon: alert thresholds now come from %s", current[0])
+        if now is not None and self._on_change is not None:
+            self._on_change(self)
+
+    def _nearest_file(self) -> tuple[str, float] | None:
+        for path in self._files:
+            try:
+                return path, os.stat(path).st_mtime
+            except OSError:
+                continue
+        return None
+
+    def _deliver(self, events: list[AlertEvent]) -> None:
+        if not events:
+            return
+        self._writer.json(schema.ALERTS_TAG, [event.to_dict() for event in events])
+        for event in events:
+            where = "" if event.device is None else f" (GPU {event.device})"
+            if event.state == "firing":
+                LOG.warning("rnnmon alert %s%s: %s", event.rule, where, event.message)
+            else:
+                LOG.info("rnnmon alert %s%s resolved: %s", event.rule, where, event.message)
+            for hook in (self._on_alert, self._on_fire if event.state == "firing" else None):
+                if hook is None or self._hooks_off:
+                    continue
+                try:
+                    hook(event)
+                except (SystemExit, KeyboardInterrupt) as error:  # on rnnmon's thread: it cannot end the fit
+                    self._hooks_off = True
+                    LOG.error("rnnmon: the alert hook raised %s on %s; alert hooks are off for the rest of the fit "
+                              "(recording goes on). Use stop_on_alert to end training on an alert.",
+                              type(error).__name__, event.rule)
+                    return
+                except Exception:
+                    LOG.exception("rnnmon: the alert hook failed on %s", event.rule)

@@ -1,0 +1,1 @@
+"""Analysis and findings: a run's record turned into numbers, gaps, a verdict and findings."""

@@ -1,0 +1,160 @@
+"""Findings from what a run measured: input-bound, host-bound, too little work per step, idle validation.
+
+The thresholds follow the TensorFlow profiler's input-pipeline analysis: 20% of step time is "highly"
+input-bound; 15% is high for host time between steps. The input share counts only the wait beyond the
+fetch floor (what fetching a ready batch costs, ~0.3 ms on a CPU host) and leaves out the longest waits
+(rnnmon.analysis.input_share); a floor of 10% or more of the step is SMALL_STEP, whose remedy is more work per step,
+not a faster pipeline. Every measured finding carries `speedup`, the Amdahl bound 1 / (1 - share) of
+removing its cause (INPUT_BOUND's on the median step: `input_speedup`, see rnnmon.analysis.input_share). Idle
+validation is judged on measured GPU utilization only.
+
+Example:
+    >>> summary = summarize(run)             # rnnmon.analysis.summary, which calls this module
+    >>> [f.code for f in measured_findings(summary)]
+    ['INPUT_BOUND']
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rnnmon.findings import Finding, amdahl
+
+INPUT_HIGH = 0.20
+HOST_HIGH = 0.15
+LOW_UTIL_PCT, LOW_SM_ACTIVITY_PCT = 50.0, 30.0
+EVAL_IDLE_SHARE = 0.10
+SMALL_STEP_FLOOR_SHARE, SMALL_STEP_TARGET_SHARE = 0.10, 0.05  # fetch floor / median step
+
+_INPUT_ADVICE = ("End the pipeline with `.prefetch(tf.data.AUTOTUNE)`, give `map` and `interleave` "
+                 "`num_parallel_calls=tf.data.AUTOTUNE`, `.cache()` what is loaded or decoded the same way every "
+                 "epoch, and move Python preprocessing (`py_function`, generators) into TensorFlow ops.")
+
+
+def measured_findings(summary: dict[str, Any]) -> list[Finding]:
+    """Dynamic findings for one run's summary (see rnnmon.analysis.summary.summarize)."""
+    if summary["verdict"] == "insufficient-data":
+        return []
+    return _input(summary) + _small_step(summary) + _host(summary) + _low_work(summary) + _eval_idle(summary)
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """One plain sentence: what held the device back, in this run's numbers."""
+    verdict = summary["verdict"]
+    shares = summary.get("shares", {})
+    if verdict == "insufficient-data":
+        return f"Only {summary['steps']} steps were recorded; train for at least 10 steps for a verdict."
+    if verdict == "input-bound":
+        return (f"Steps spent {_pct(shares.get('input'))} of their time waiting for the input pipeline: "
+                "speed up the pipeline before anything else.")
+    if verdict == "host-bound":
+        return (f"{_pct(shares.get('host'))} of step time went to host work between steps (Python, callbacks): "
+                "the device waited for the training loop.")
+    gpus = [g for g in summary["gpus"] if g["util_mean"] is not None]
+    if gpus and min(g["util_mean"] for g in gpus) < LOW_UTIL_PCT:
+        return ("The input keeps up, yet the GPU is busy only "
+                f"{min(g['util_mean'] for g in gpus):.0f}% of the time: each step gives it too little work.")
+    return "The steps keep the device busy: input and host overhead are small."
+
+
+def _input(summary: dict[str, Any]) -> list[Finding]:
+    share = summary.get("shares", {}).get("input")
+    if share is None or share < INPUT_HIGH:
+        return []
+    wait, step, floor = summary["input_wait_ms"], summary["step_ms"], summary.get("fetch_floor_ms")
+    beyond = f"beyond the {floor:.2f} ms any fetch costs, " if floor else ""
+    speedup = summary.get("input_speedup") or amdahl(share)
+    message = (f"Waiting for the input pipeline ({beyond}longest waits left out) is {_pct(share)} of step time: "
+               f"a step waits a median {wait['median']:.2f} ms (p90 {wait['p90']:.2f} ms) for its batch out of a "
+               f"median {step['median']:.2f} ms step. Fixing input wait: up to {speedup:.1f}x shorter steps "
+               "(the median step less its wait; more where the pipeline's threads also slowed the compute).")
+    return [Finding("INPUT_BOUND", "critical", "input pipeline", message, _INPUT_ADVICE, speedup)]
+
+
+def _small_step(summary: dict[str, Any]) -> list[Finding]:
+    floor, step = summary.get("fetch_floor_ms"), summary["step_ms"]["median"]
+    if not floor or not step or floor / step < SMALL_STEP_FLOOR_SHARE:
+        return []
+    share = floor / step
+    factor = math.ceil(share / SMALL_STEP_TARGET_SHARE)
+    speedup = amdahl(share * (1 - 1 / factor))
+    message = (f"Fetching a batch that is already there costs {floor:.2f} ms on this host, {_pct(share)} of the "
+               f"median {step:.2f} ms step: a fixed cost per step that no pipeline change removes. Doing {factor}x "
+               f"the work per step brings it under {_pct(SMALL_STEP_TARGET_SHARE)}: up to {speedup:.2f}x shorter "
+               "steps per sample.")
+    advice = (f"Give each step more work: `model.compile(..., steps_per_execution={factor})` (the batches of an "
+              f"execution are fetched inside the graph), or a {factor}x larger batch (scale the learning rate).")
+    return [Finding("SMALL_STEP", "warning", "training step", message, advice, speedup)]
+
+
+def _host(summary: dict[str, Any]) -> list[Finding]:
+    share = summary.get("shares", {}).get("host")
+    if share is None or share < HOST_HIGH:
+        return []
+    speedup = amdahl(share)
+    message = (f"Host gaps between steps are {_pct(share)} of step time: after each step the device waited "
+               f"for Python. {_callback_blame(summary)} Removing them: up to {speedup:.1f}x shorter steps.")
+    advice = ("Raise `steps_per_execution` in `model.compile` so several steps run per Python call, use "
+              "`verbose=2` instead of the per-step progress bar, and move per-batch callback work to "
+              "`on_epoch_end` or every N batches.")
+    return [Finding("HOST_BOUND", "warning", "training loop", message, advice, speedup)]
+
+
+def _callback_blame(summary: dict[str, Any]) -> str:
+    """Which callback's batch hooks take the host time, from the timing of each; or that none does."""
+    timed = summary.get("callback_ms_per_step") or {}
+    if not timed:
+        return "(Other callbacks' hooks were not timed: the fit call was not reachable.)"
+    name, ms = max(timed.items(), key=lambda item: item[1])
+    step = summary["step_ms"]["median"] or 0.0
+    gap_ms = step * summary["shares"]["host"] / max(1 - summary["shares"]["host"], 0.01)
+    if ms >= 0.5 * gap_ms:
+        return f"The batch hooks of {name} take {ms:.2f} ms per step of the about {gap_ms:.2f} ms host gap."
+    return (f"Callbacks' batch hooks take {sum(timed.values()):.2f} ms per step of the about {gap_ms:.2f} ms host "
+            "gap: the time is outside callbacks (Keras's loop, logging, garbage collection).")
+
+
+def _low_work(summary: dict[str, Any]) -> list[Finding]:
+    if summary["verdict"] != "compute-bound":
+        return []
+    findings = []
+    for gpu in summary["gpus"]:
+        util, sm = gpu["util_mean"], gpu["sm_activity_mean"]
+        low_util = util is not None and util < LOW_UTIL_PCT
+        low_sm = sm is not None and sm < LOW_SM_ACTIVITY_PCT
+        if not (low_util or low_sm):
+            continue
+        measured = f"utilization {util:.0f}%" if util is not None else "utilization n/a"
+        if sm is not None:
+            measured += f", SM activity {sm:.0f}%"
+        # More work per step can at most fill what the GPU leaves unused: all its SMs (SM activity), or,
+        # where only NVML utilization is known, the time no kernel ran (kernels that fill few SMs hide more).
+        busy_pct, basis = (sm, "its SMs were active") if sm is not None else (util, "a kernel ran")
+        speedup = amdahl(1 - busy_pct / 100)
+        message = (f"GPU {gpu['index']} is not input- or host-bound, yet {measured} with a median step of "
+                   f"{summary['step_ms']['median']:.2f} ms: each step is too small to fill it. Filling it: up to "
+                   f"{speedup:.1f}x shorter time per sample ({basis} {busy_pct:.0f}% of the time).")
+        advice = ("Give each step more work: a larger batch (e.g. 4x, scaling the learning rate), longer "
+                  "sequences or more units per layer; keep LSTM/GRU layers on the cuDNN kernel; raise "
+                  "`steps_per_execution` so kernel launches are not paced by Python.")
+        findings.append(Finding("LOW_WORK_PER_STEP", "warning", f"GPU {gpu['index']}", message, advice, speedup))
+    return findings
+
+
+def _eval_idle(summary: dict[str, Any]) -> list[Finding]:
+    idle_s = summary["idle_by_cause_s"].get("eval", 0.0)
+    wall = summary["wall_s"]
+    if not summary["gpus"] or not wall or idle_s / wall < EVAL_IDLE_SHARE:
+        return []
+    speedup = amdahl(idle_s / wall)
+    message = (f"The GPU sat idle for {idle_s:.1f} s ({_pct(idle_s / wall)} of training time) "
+               "during validation and epoch ends (checkpoints, callbacks). Validating every 5th epoch: up to "
+               f"{amdahl(0.8 * idle_s / wall):.2f}x shorter fit; removing the idle time: up to {speedup:.2f}x.")
+    advice = ("Validate less often (`validation_freq=N`), with a larger `validation_batch_size`, on a prefetched "
+              "validation pipeline, and save checkpoints less often (`ModelCheckpoint(save_freq=...)`).")
+    return [Finding("EVAL_IDLE", "warning", "validation", message, advice, speedup)]
+
+
+def _pct(share: float | None) -> str:
+    return "n/a" if share is None else f"{100 * share:.0f}%"

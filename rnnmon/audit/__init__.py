@@ -1,0 +1,1 @@
+"""Static audits: the model and its training input, checked before a step runs."""

@@ -1,0 +1,1 @@
+"""Training-side capture: what runs on the training thread and rnnmon's own threads during a fit."""

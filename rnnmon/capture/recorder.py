@@ -1,0 +1,165 @@
+"""The in-memory record between the training thread and the event file.
+
+The training thread appends one tuple per step (`add_step`) and one per closed phase (`add_phase`); nothing
+else happens on the hot path. The background thread calls `flush()` every few seconds: it drains those
+buffers and the sampler, finds idle gaps, writes the chunk and the Scalars-tab window means, and forgets
+what no open gap can still need.
+
+Example:
+    >>> recorder = Recorder(writer, sampler, wall_offset_s=time.time() - time.perf_counter())
+    >>> recorder.add_step((step, epoch, begin, end, wait_s, gap_s, batches))    # monotonic seconds
+    >>> recorder.flush(horizon=end)
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rnnmon.analysis.gaps import DeviceBusy, Gap, GpuGapDetector, PhaseIntervals, StepGapDetector
+from rnnmon.format import schema
+from rnnmon.format.writer import SummaryWriter
+from rnnmon.gpu.sampler import Sampler
+
+StepRow = tuple[int, int, float, float, float, float, int]  # step, epoch, begin, end, wait_s, gap_s, batches
+_KEEP_S = 1.0  # extra history kept for blaming gaps
+
+
+class Recorder:
+    """Buffers steps and phases, and turns them, with the sampler's readings, into summary chunks."""
+
+    def __init__(self, writer: SummaryWriter, sampler: Sampler | None, wall_offset_s: float, *,
+                 idle_pct: float = 5.0, min_gap_s: float = 0.01,
+                 on_chunk: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self._writer = writer
+        self._sampler = sampler
+        self._offset = wall_offset_s
+        self._steps: collections.deque[StepRow] = collections.deque()
+        self._phases: collections.deque[tuple[int, float, float]] = collections.deque()
+        self._intervals = PhaseIntervals()
+        devices = sampler.describe() if sampler else []
+        self._device_info = {d["index"]: d for d in devices}
+        # A device without utilization (MIG without GPM) cannot show its own gaps: step phases stand in.
+        measured = [d for d in devices if d.get("utilization", "nvml") in ("nvml", "gpm")]
+        self._gpu_detectors = {d["index"]: GpuGapDetector(idle_pct) for d in measured}
+        self._step_detector = None if measured and len(measured) == len(devices) else StepGapDetector(min_gap_s)
+        self._busy = DeviceBusy(idle_pct) if len(measured) > 1 else None
+        self._idle_pct = idle_pct
+        self._on_chunk = on_chunk
+        self._lock = threading.Lock()
+        self.last_step = 0
+
+    # --- training thread -------------------------------------------------------------------------------
+    def add_step(self, row: StepRow) -> None:
+        self._steps.append(row)
+
+    def add_phase(self, kind: str, start: float, end: float) -> None:
+        if end > start:
+            self._phases.append((schema.PHASE_KINDS.index(kind), start, end))
+
+    # --- background thread (or the training thread once the background thread has stopped) ---------------
+    def flush(self, horizon: float, final: bool = False) -> None:
+        """Write everything buffered; gaps are closed up to `horizon` (all of them when `final`)."""
+        with self._lock:
+            steps = _drain(self._steps)
+            phases = _drain(self._phases)
+            util, stats, host = self._sampler.drain() if self._sampler else ({}, {}, [])
+            self._remember_intervals(steps, phases)
+            gaps = self._find_gaps(util, horizon, final)
+            chunk = {"steps": steps, "phases": phases, "util": util, "stats": stats, "host": host, "gaps": gaps}
+            self._write(chunk)
+            if self._on_chunk is not None:
+                self._on_chunk(chunk)
+            self._writer.flush()
+
+    def _remember_intervals(self, steps: list[StepRow], phases: list[tuple[int, float, float]]) -> None:
+        for _, _, begin, _, wait_s, gap_s, _ in steps:
+            if gap_s == gap_s:  # not NaN
+                self._intervals.add(begin - gap_s, begin, "host")
+            if wait_s == wait_s:
+                self._intervals.add(begin, begin + wait_s, "input")
+        for kind, start, end in phases:
+            if schema.PHASE_KINDS[kind] != "warmup":
+                self._intervals.add(start, end, "eval")
+            else:  # tracing: left out of the blame
+                self._intervals.add_warmup(start, end)
+
+    def _find_gaps(self, util: dict[int, list[tuple[float, float]]], horizon: float,
+                   final: bool) -> list[tuple[int, Gap]]:
+        found: list[tuple[int, Gap]] = []
+        busy = self._busy
+        if busy is not None:
+            for index, samples in util.items():
+                busy.add(index, samples)
+        for index, detector in self._gpu_detectors.items():
+            gaps = detector.feed(util.get(index, []), float("inf") if final else horizon, self._intervals)
+            if final:
+                gaps += detector.finish(self._intervals)
+            found.extend((index, busy.blame_sync(index, gap) if busy else gap) for gap in gaps)
+        if self._step_detector is not None:
+            gaps = (self._step_detector.finish if final else self._step_detector.feed)(self._intervals)
+            found.extend((schema.STEP_DEVICE, gap) for gap in gaps)
+        marks = [d.watermark for d in (*self._gpu_detectors.values(), self._step_detector) if d is not None]
+        known = [m for m in marks if m is not None]
+        if known:
+            self._intervals.forget_before(min(known) - _KEEP_S)
+            if busy is not None:
+                busy.forget_before(min(known) - _KEEP_S)
+        return found
+
+    def _write(self, chunk: dict[str, Any]) -> None:
+        w, offset = self._writer, self._offset
+        steps = chunk["steps"]
+        if steps:
+            rows = np.asarray(steps, dtype=np.float64)
+            rows[:, 2:4] += offset
+            rows[:, 4:6] *= 1e3
+            w.table(schema.STEPS_TAG, rows)
+            self.last_step = int(rows[-1, 0])
+            self._write_step_scalars(rows)
+        if chunk["phases"]:
+            rows = np.asarray(chunk["phases"], dtype=np.float64)
+            rows[:, 1:] += offset
+            w.table(schema.PHASES_TAG, rows)
+        for index, samples in chunk["util"].items():
+            if samples:
+                rows = np.asarray(samples, dtype=np.float64)
+                rows[:, 0] += offset
+                w.table(f"{schema.UTIL_TAG_PREFIX}{index}", rows, device=self._device_info[index])
+                if steps:
+                    w.scalar(f"rnnmon/gpu{index}/util_pct", float(rows[:, 1].mean()), self.last_step)
+                    w.scalar(f"rnnmon/gpu{index}/idle_fraction",
+                             float((rows[:, 1] <= self._idle_pct).mean()), self.last_step)
+        for index, samples in chunk["stats"].items():
+            if samples:
+                rows = np.asarray(samples, dtype=np.float64)
+                rows[:, 0] += offset
+                w.table(f"{schema.STATS_TAG_PREFIX}{index}", rows, device=self._device_info[index])
+        if chunk["host"]:
+            rows = np.asarray(chunk["host"], dtype=np.float64)
+            rows[:, 0] += offset
+            w.table(schema.HOST_TAG, rows)
+        if chunk["gaps"]:
+            rows = np.asarray([(device, start + offset, end + offset, schema.GAP_CAUSES.index(cause))
+                               for device, (start, end, cause) in chunk["gaps"]], dtype=np.float64)
+            w.table(schema.GAPS_TAG, rows)
+
+    def _write_step_scalars(self, rows: np.ndarray) -> None:
+        duration = rows[:, 3] - rows[:, 2]
+        gap = np.nan_to_num(rows[:, 5] / 1e3)
+        total = float(duration.sum() + gap.sum())
+        step = self.last_step
+        self._writer.scalar("rnnmon/step_time_ms", float(1e3 * duration.sum() / rows[:, 6].sum()), step)
+        if total > 0:
+            if not np.isnan(rows[:, 4]).all():
+                self._writer.scalar("rnnmon/input_wait_fraction", float(np.nansum(rows[:, 4]) / 1e3 / total),
+                                    step)
+            self._writer.scalar("rnnmon/host_gap_fraction", float(gap.sum() / total), step)
+
+
+def _drain(queue: collections.deque) -> list:
+    return [queue.popleft() for _ in range(len(queue))]

@@ -1,0 +1,1 @@
+"""The on-disk format: the summary schema, packed tables, event files, the writer and the one reader."""

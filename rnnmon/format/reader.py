@@ -1,0 +1,550 @@
+"""The one reader of rnnmon runs, for `rnnmon report` and the TensorBoard tab.
+
+Every record is untrusted. A value's type, shape and size are checked before anything is allocated for it
+(a chunk holds at most `packing.MAX_ROWS` rows, and its bytes must be there to back them); a chunk or document
+that fails a check is dropped and named in the run's `errors`, and the rest of the run, and every other run,
+still reads. Event files are walked record by record with their checksums (`rnnmon.format.eventfile`), so a
+truncated or bit-flipped file is an error of its run, not silent partial data.
+
+A `RunReader` keeps what it decoded. Each update decodes only chunks it has not seen (from the provider: per tag,
+keyed by the datum's step and wall time; from files: the bytes after those already read) and appends them, in
+step order, to tables that grow in place, so
+reloading a live million-step run costs the new chunks, not the run. It reads either TensorBoard's data provider
+(`update_from_provider`) or the run's event files directly (`update_from_files`: no TensorFlow, checksums
+verified, only new bytes of each file read).
+
+Example:
+    >>> runs = read_logdir("runs")                      # what `rnnmon report` reads: {run name: RunData}
+    >>> runs["exp1/rnnmon"].steps[:, 0]                 # global step numbers
+    >>> reader = RunReader("exp1/rnnmon")               # held per run by the tab, across reloads
+    >>> data = reader.update_from_provider(provider, ctx, experiment_id)   # or .update_from_files(run_dir)
+    >>> reader.check_files(run_dir)                     # with the provider: damage it cannot see, cheaply
+    >>> RunReader("exp1/rnnmon", tags=frozenset({schema.RUN_TAG})).update_from_files(run_dir).info  # one tag only
+    >>> data.errors                                     # [] when every record read
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from tensorboard.compat.proto import types_pb2
+
+from rnnmon.format import packing, schema
+from rnnmon.format.eventfile import EVENT_FILE_MARK, scan_records
+
+ALL_SAMPLES = 10**9  # `downsample` that keeps everything the provider holds
+MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a few KiB in practice
+TAIL_GRACE_S = 10.0  # a file that ends inside a record for longer than this is truncated, not being written
+_SEVERITIES = ("info", "warning", "critical")
+_DT_STRING, _DT_DOUBLE = types_pb2.DT_STRING, types_pb2.DT_DOUBLE
+_UNSEEN: dict[str, Any] = {}
+
+
+@dataclasses.dataclass
+class RunData:
+    """Everything rnnmon wrote for one run, as float64 tables (times in Unix seconds). Treat it as read-only."""
+
+    run: str
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    fits: int = 0
+    steps: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, len(schema.STEP_COLUMNS))))
+    phases: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, len(schema.PHASE_COLUMNS))))
+    host: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, len(schema.HOST_COLUMNS))))
+    gaps: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, len(schema.GAP_COLUMNS))))
+    util: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    stats: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    devices: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    findings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    alerts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    last_write: float = 0.0
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+class InvalidRecord(ValueError):
+    """A value that does not fit rnnmon's format; the message says what and where."""
+
+
+_INVALID = (InvalidRecord, ValueError, TypeError, UnicodeDecodeError)  # what a bad value raises while checked
+
+
+class _Table:
+    """A float64 table that grows by whole chunks, kept in event-step order."""
+
+    def __init__(self, width: int) -> None:
+        self._rows = np.empty((0, width))
+        self._size = 0
+        self._steps: list[int] = []
+        self._starts: list[int] = []
+        self.inserted = 0  # chunks put before rows already there (rows then moved): views of it are stale
+
+    def add(self, step: int, rows: np.ndarray) -> None:
+        count = len(rows)
+        if not self._steps or step >= self._steps[-1]:
+            if self._size + count > len(self._rows):
+                grown = np.empty((max(2 * len(self._rows), self._size + count, 256), self._rows.shape[1]))
+                grown[: self._size] = self._rows[: self._size]
+                self._rows = grown
+            self._rows[self._size: self._size + count] = rows
+            self._steps.append(step)
+            self._starts.append(self._size)
+        else:  # a chunk older than one already read (a second writer): insert it in place, once
+            at = bisect.bisect(self._steps, step)
+            row = self._starts[at]
+            self._rows = np.concatenate([self._rows[:row], rows, self._rows[row: self._size]])
+            self.inserted += 1
+            self._steps.insert(at, step)
+            self._starts.insert(at, row)
+            for i in range(at + 1, len(self._starts)):
+                self._starts[i] += count
+        self._size += count
+
+    def extend(self, steps: list[int], rows: np.ndarray, counts: list[int]) -> None:
+        """Add consecutive chunks (`counts[i]` rows at event step `steps[i]`) held in one array."""
+        if not self._steps and steps == sorted(steps):  # a first read: keep the array as it is
+            self._rows, self._size = rows, len(rows)
+            self._steps, self._starts = list(steps), [int(s) for s in np.cumsum([0, *counts[:-1]])]
+            return
+        start = 0
+        for step, count in zip(steps, counts):
+            self.add(step, rows[start:start + count])
+            start += count
+
+    def view(self) -> np.ndarray:
+        return self._rows[: self._size]
+
+
+class RunReader:
+    """One run's rnnmon data, decoded chunk by chunk and kept; each update decodes only what is new."""
+
+    def __init__(self, run: str, tags: frozenset[str] | None = None) -> None:
+        self.run = run
+        self._only = tags  # decode only these tags (None: all); from files, only records that name one of them
+        self._marks = None if tags is None else tuple(tag.encode() for tag in tags)
+        self._content: dict[str, dict[str, Any] | None] = {}  # tag -> its JSON content; None: not rnnmon's
+        self._seen: dict[str, set[tuple[int, float]]] = {}  # per tag: provider datums decoded
+        self._tables: dict[str, _Table] = {}
+        self._documents: dict[str, list[tuple[int, Any]]] = {}
+        self._fits: set[tuple[Any, Any]] = set()
+        self._errors: dict[str, None] = {}
+        self._last_write = 0.0
+        self._offsets: dict[str, int] = {}  # per event file: bytes read (update_from_files) and checked
+        self._checked: dict[str, int] = {}
+        self._staged: dict[str, list[tuple[int, np.ndarray]]] = {}
+        self.chunks_decoded = 0  # values decoded so far: an update adds only the new ones
+
+    # --- sources -----------------------------------------------------------------------------------------
+    def update_from_provider(self, provider: Any, ctx: Any, experiment_id: str = "") -> RunData:
+        """Read the run through TensorBoard's data provider; only datums with unseen steps are decoded.
+
+        The provider has already turned every value into an array (TensorBoard does that on each call); a
+        value whose shape exceeds what the format allows is refused here before it is used.
+        """
+        from tensorboard.data import provider as tb_provider
+
+        where = tb_provider.RunTagFilter(runs=[self.run], tags=self._only)
+        listing = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=schema.PLUGIN_NAME,
+                                        run_tag_filter=where).get(self.run, {})
+        try:
+            data = provider.read_tensors(ctx, experiment_id=experiment_id, plugin_name=schema.PLUGIN_NAME,
+                                         downsample=ALL_SAMPLES, run_tag_filter=where).get(self.run, {})
+        except Exception:  # TensorBoard could not turn some value into an array: find its tag, read the rest
+            data = {}
+            for tag in listing:
+                try:
+                    data.update(provider.read_tensors(
+                        ctx, experiment_id=experiment_id, plugin_name=schema.PLUGIN_NAME, downsample=ALL_SAMPLES,
+                        run_tag_filter=tb_provider.RunTagFilter(runs=[self.run], tags=[tag])).get(self.run, {}))
+                except Exception as error:
+                    self._error(f"{tag}: TensorBoard's data provider cannot convert a value "
+                                f"({type(error).__name__}: {str(error)[:200]})")
+        for tag, series in listing.items():
+            if tag not in self._content:
+                self._content[tag] = schema.parse_content(series.plugin_content)
+            seen = self._seen.setdefault(tag, set())
+            for datum in data.get(tag, []):
+                self._last_write = max(self._last_write, datum.wall_time)
+                key = (datum.step, datum.wall_time)  # two writers may stamp the same step, never the same time too
+                if key not in seen:
+                    seen.add(key)
+                    self._add(tag, datum.step, datum.numpy)
+        return self._commit()
+
+    def update_from_files(self, run_dir: str) -> RunData:
+        """Read the run's event files in `run_dir` directly: new files and the new bytes of known ones."""
+        from google.protobuf.message import DecodeError
+        from tensorboard.compat.proto import event_pb2
+
+        for name, records in self._scan(run_dir, self._offsets):
+            for record in records:
+                if self._marks is not None and not any(mark in record for mark in self._marks):
+                    continue  # cannot hold a wanted tag: not even parsed
+                try:
+                    event = event_pb2.Event.FromString(record)
+                except DecodeError:
+                    self._error(f"{name}: a checksummed record that is not an event")
+                    continue
+                if event.HasField("summary"):
+                    self._add_event(event)
+        return self._commit()
+
+    def check_files(self, run_dir: str) -> list[str]:
+        """Walk the new bytes of the run's event files for damage (checksums, truncation) without decoding.
+
+        For a reader fed by `update_from_provider`, which cannot see damage: what is found joins the run's
+        `errors`. Returns the errors so far. Cost: a CRC pass over the bytes written since the last call.
+        """
+        for _ in self._scan(run_dir, self._checked):
+            pass
+        return list(self._errors)
+
+    def _scan(self, run_dir: str, offsets: dict[str, int]) -> Iterator[tuple[str, list[bytes]]]:
+        """(file name, new whole records) per event file in `run_dir`; damage is recorded as errors."""
+        try:
+            names = sorted(name for name in os.listdir(run_dir) if EVENT_FILE_MARK in name)
+        except OSError as error:
+            self._error(f"cannot list {run_dir}: {error.strerror or error}")
+            return
+        for name in names:
+            path = os.path.join(run_dir, name)
+            try:
+                scan = scan_records(path, offsets.get(name, 0))
+                modified = os.path.getmtime(path)
+            except OSError as error:
+                self._error(f"{name}: cannot read: {error.strerror or error}")
+                continue
+            offsets[name] = scan.offset
+            if scan.problem:
+                self._error(f"{name}: {scan.problem}")
+            if scan.truncated and time.time() - modified > TAIL_GRACE_S:
+                self._error(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
+            yield name, scan.records
+
+    def _add_event(self, event: Any) -> None:
+        step = None
+        for value in event.summary.value:
+            tag = value.tag
+            if self._only is not None and tag not in self._only:
+                continue
+            content = self._content.get(tag, _UNSEEN)
+            if content is _UNSEEN or (content is None and value.HasField("metadata")):
+                is_ours = value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME
+                content = self._content[tag] = (schema.parse_content(value.metadata.plugin_data.content) if is_ours
+                                                else None)
+            if content is None:
+                continue  # not rnnmon's (its scalars, another plugin)
+            if step is None:  # once per event, not per value
+                step, wall_time = event.step, event.wall_time
+                self._last_write = max(self._last_write, wall_time)
+            self.chunks_decoded += 1
+            try:
+                if not value.HasField("tensor"):
+                    raise InvalidRecord("not a tensor")
+                raw = _raw_from_proto(value.tensor)
+            except _INVALID as error:
+                self._error(f"{tag} at step {step}: {error}")
+                continue
+            self._stage(tag, step, raw)
+
+    # --- decoding ----------------------------------------------------------------------------------------
+    def _add(self, tag: str, step: int, value: Any) -> None:
+        """Stage the provider's array of one value of `tag` for `_commit`."""
+        self.chunks_decoded += 1
+        try:
+            raw = _raw_from_array(value)
+        except _INVALID as error:
+            self._error(f"{tag} at step {step}: {error}")
+            return
+        self._stage(tag, step, raw)
+
+    def _stage(self, tag: str, step: int, value: bytes | np.ndarray) -> None:
+        """Keep one value (a packed chunk, a v1 table or a document) of `tag` for `_commit`, if it is one."""
+        try:
+            width = _table_width(tag)
+            if width == _DOCUMENT:
+                self._add_document(tag, step, _document(value))
+                return
+            if width == _IGNORED:
+                return  # a tag from a newer rnnmon: ignore it
+            if width == _BAD_DEVICE:
+                raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
+            if isinstance(value, bytes):
+                if value[:4] != packing.MAGIC:
+                    raise InvalidRecord("a string where a table belongs")
+            elif value.shape[1] != width:
+                raise InvalidRecord(f"expected rows of {width} columns, found shape {value.shape}")
+        except _INVALID as error:
+            self._error(f"{tag} at step {step}: {error}")
+            return
+        self._staged.setdefault(tag, []).append((step, value))
+
+    def _commit(self) -> RunData:
+        """Decode and check the chunks staged by this update, all of a tag at once, and append the valid ones."""
+        for tag, staged in self._staged.items():
+            if all(isinstance(value, bytes) for _, value in staged):  # the usual case: one batch, no copies
+                rows, decoded, failed = packing.decode_many(tag, [value for _, value in staged])
+                steps = [staged[index][0] for index, _ in decoded]
+                counts = [count for _, count in decoded]
+            else:
+                tables, steps, counts, failed = [], [], [], []
+                for index, (step, value) in enumerate(staged):
+                    try:
+                        table = packing.decode(tag, value) if isinstance(value, bytes) else value
+                    except packing.FormatError as error:
+                        failed.append((index, error))
+                        continue
+                    tables.append(np.asarray(table, dtype=np.float64))
+                    steps.append(step)
+                    counts.append(len(table))
+                rows = np.concatenate(tables) if tables else np.empty((0, len(schema.columns_for(tag) or ())))
+            for index, error in failed:
+                self._error(f"{tag} at step {staged[index][0]}: {error}")
+            try:
+                _check_rows(tag, rows)
+            except InvalidRecord:  # rare: find the culprits chunk by chunk
+                keep = np.ones(len(rows), dtype=bool)
+                for i, (step, start) in enumerate(zip(steps, np.cumsum([0, *counts[:-1]]))):
+                    try:
+                        _check_rows(tag, rows[start:start + counts[i]])
+                    except InvalidRecord as error:
+                        self._error(f"{tag} at step {step}: {error}")
+                        keep[start:start + counts[i]] = False
+                        counts[i] = 0
+                rows = rows[keep]
+            self._tables.setdefault(tag, _Table(rows.shape[1])).extend(steps, rows, counts)
+        self._staged = {}
+        return self.data()
+
+    def _add_document(self, tag: str, step: int, doc: Any) -> None:
+        if tag == schema.RUN_TAG:
+            if not isinstance(doc, dict):
+                raise InvalidRecord(f"the run description is a {type(doc).__name__}, not a JSON object")
+            _check_description(doc)
+            self._fits.add((str(doc.get("pid")), str(doc.get("start"))))
+        else:
+            if not isinstance(doc, list):
+                raise InvalidRecord(f"a {type(doc).__name__} where a JSON list belongs")
+            for item in doc:
+                (_check_finding if tag == schema.FINDINGS_TAG else _check_alert)(item)
+        bisect.insort(self._documents.setdefault(tag, []), (step, doc), key=lambda pair: pair[0])
+
+    def _error(self, message: str) -> None:
+        self._errors[message] = None
+
+    # --- result ------------------------------------------------------------------------------------------
+    @property
+    def reordered(self) -> int:
+        """How often a chunk landed before rows already read (a second writer): each time, rows moved."""
+        return sum(table.inserted for table in self._tables.values())
+
+    def data(self) -> RunData:
+        out = RunData(self.run, last_write=self._last_write, errors=list(self._errors))
+        descriptions = self._documents.get(schema.RUN_TAG, [])
+        if descriptions:
+            out.info = descriptions[-1][1]
+            out.fits = len(self._fits)
+        findings = self._documents.get(schema.FINDINGS_TAG, [])
+        out.findings = findings[-1][1] if findings else []
+        out.alerts = [alert for _, chunk in self._documents.get(schema.ALERTS_TAG, []) for alert in chunk]
+        for tag, table in self._tables.items():
+            device = schema.device_of(tag)
+            if device is not None:
+                content = self._content.get(tag) or {}
+                described = content.get("device")
+                out.devices[device] = described if isinstance(described, dict) else {"index": device}
+                (out.util if tag.startswith(schema.UTIL_TAG_PREFIX) else out.stats)[device] = table.view()
+            else:
+                setattr(out, _TABLE_FIELDS[tag], table.view())
+        return out
+
+
+_TABLE_FIELDS = {schema.STEPS_TAG: "steps", schema.PHASES_TAG: "phases", schema.HOST_TAG: "host",
+                 schema.GAPS_TAG: "gaps"}
+_DOCUMENT, _IGNORED, _BAD_DEVICE = -1, -2, -3
+
+
+@functools.lru_cache(maxsize=1024)
+def _table_width(tag: str) -> int:
+    """The column count of `tag`'s table, or what else the tag is: a document, unknown, a malformed device tag."""
+    if tag in (schema.RUN_TAG, schema.FINDINGS_TAG, schema.ALERTS_TAG):
+        return _DOCUMENT
+    columns = schema.columns_for(tag)
+    if columns is None:
+        return _IGNORED
+    if tag.startswith((schema.UTIL_TAG_PREFIX, schema.STATS_TAG_PREFIX)) and schema.device_of(tag) is None:
+        return _BAD_DEVICE
+    return len(columns)
+
+
+def read_logdir(logdir: str, runs: list[str] | None = None) -> dict[str, RunData]:
+    """Every rnnmon run under `logdir` (or the named ones), read from its event files; no TensorFlow."""
+    result = {}
+    for run, run_dir in _run_dirs(logdir):
+        if runs is not None and run not in runs:
+            continue
+        reader = RunReader(run)
+        data = reader.update_from_files(run_dir)
+        if reader._tables or reader._documents or (data.errors and os.path.basename(run_dir) == schema.RUN_SUBDIR):
+            result[run] = data
+    return result
+
+
+def _run_dirs(logdir: str) -> list[tuple[str, str]]:
+    """(run name, directory) for every directory under `logdir` holding event files, named as TensorBoard does."""
+    found, visited = [], set()
+    for directory, subdirs, files in os.walk(logdir, followlinks=True):  # linked runs count, as in TensorBoard
+        real = os.path.realpath(directory)
+        if real in visited:  # a link loop
+            subdirs.clear()
+            continue
+        visited.add(real)
+        if any(EVENT_FILE_MARK in name for name in files):
+            relative = os.path.relpath(directory, logdir)
+            found.append((relative.replace(os.sep, "/"), directory))
+    return sorted(found)
+
+
+def read_runs(provider: Any, ctx: Any, experiment_id: str = "", runs: list[str] | None = None) -> dict[str, RunData]:
+    """Read the named runs (default: all rnnmon runs) through a data provider; errors are listed per run."""
+    from tensorboard.data import provider as tb_provider
+
+    listing = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=schema.PLUGIN_NAME,
+                                    run_tag_filter=tb_provider.RunTagFilter(runs=runs))
+    return {run: RunReader(run).update_from_provider(provider, ctx, experiment_id)
+            for run, tags in listing.items() if tags}
+
+
+def open_logdir(logdir: str) -> tuple[Any, Any]:
+    """A data provider over `logdir` that keeps every rnnmon sample, and the request context it needs."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, event_accumulator, plugin_event_multiplexer
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 1})
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    return data_provider.MultiplexerDataProvider(multiplexer, logdir), context.RequestContext()
+
+
+# --- values --------------------------------------------------------------------------------------------------
+def _raw_from_proto(tensor: Any) -> bytes | np.ndarray:
+    """A packed chunk or document (bytes) or a v1 float64 table, from a TensorProto, checked before it is built."""
+    dtype, dim = tensor.dtype, tensor.tensor_shape.dim
+    if dtype == _DT_STRING:
+        strings = tensor.string_val
+        if len(strings) != 1 or (dim and any(d.size != 1 for d in dim)):
+            raise InvalidRecord(f"a string tensor of shape {[d.size for d in dim]} where one string belongs")
+        return strings[0]
+    if dtype != _DT_DOUBLE:
+        raise InvalidRecord(f"dtype {dtype} where float64 ({_DT_DOUBLE}) or string belongs")
+    dims = [d.size for d in dim]
+    if len(dims) != 2 or not 0 <= dims[0] <= packing.MAX_ROWS or not 0 < dims[1] <= 64:
+        raise InvalidRecord(f"shape {dims}: a table is [rows <= {packing.MAX_ROWS}, columns]")
+    count = dims[0] * dims[1]
+    if tensor.tensor_content:
+        if len(tensor.tensor_content) != 8 * count:
+            raise InvalidRecord(f"shape {dims} needs {8 * count} bytes, the record holds {len(tensor.tensor_content)}")
+        return np.frombuffer(tensor.tensor_content, dtype="<f8").reshape(dims)
+    if len(tensor.double_val) != count:
+        raise InvalidRecord(f"shape {dims} needs {count} values, the record holds {len(tensor.double_val)}")
+    return np.asarray(tensor.double_val, dtype=np.float64).reshape(dims)
+
+
+def _raw_from_array(value: Any) -> bytes | np.ndarray:
+    """The same, from the array TensorBoard's data provider made of the value."""
+    array = np.asarray(value)
+    if array.dtype == object or array.dtype.kind in "SU":
+        if array.size != 1:
+            raise InvalidRecord(f"a string tensor of shape {list(array.shape)} where one string belongs")
+        item = array.reshape(-1)[0]
+        return item if isinstance(item, bytes) else str(item).encode()
+    if array.ndim != 2 or array.shape[0] > packing.MAX_ROWS or not 0 < array.shape[1] <= 64:
+        raise InvalidRecord(f"shape {list(array.shape)}: a table is [rows <= {packing.MAX_ROWS}, columns]")
+    if array.dtype.kind != "f":
+        raise InvalidRecord(f"dtype {array.dtype} where float64 or string belongs")
+    return array
+
+
+def _check_rows(tag: str, rows: np.ndarray) -> None:
+    """Values the format rules out: non-finite times and counters, out-of-range kinds, causes and devices."""
+    def whole(column: np.ndarray, lo: float, hi: float) -> bool:
+        return bool(np.isfinite(column).all() and (column == np.rint(column)).all()
+                    and (column >= lo).all() and (column <= hi).all())
+
+    if tag == schema.STEPS_TAG:
+        s = {name: rows[:, i] for i, name in enumerate(schema.STEP_COLUMNS)}
+        if not (np.isfinite(rows[:, :4]).all() and whole(s["batches"], 1, 2**31) and whole(s["step"], 0, 2**53)
+                and whole(s["epoch"], 0, 2**31)):
+            raise InvalidRecord("a step row with a non-finite or fractional step, epoch, time or batch count")
+    elif tag == schema.PHASES_TAG:
+        if not (whole(rows[:, 0], 0, len(schema.PHASE_KINDS) - 1) and np.isfinite(rows[:, 1:]).all()):
+            raise InvalidRecord(f"a phase with a kind outside 0..{len(schema.PHASE_KINDS) - 1} or a non-finite time")
+    elif tag == schema.GAPS_TAG:
+        if not (whole(rows[:, 0], schema.STEP_DEVICE, 2**16) and whole(rows[:, 3], 0, len(schema.GAP_CAUSES) - 1)
+                and np.isfinite(rows[:, 1:3]).all() and (rows[:, 2] >= rows[:, 1]).all()):
+            raise InvalidRecord(f"a gap with a device below {schema.STEP_DEVICE}, a cause outside "
+                                f"0..{len(schema.GAP_CAUSES) - 1}, or a bad interval")
+    elif not np.isfinite(rows[:, 0]).all():
+        raise InvalidRecord("a row with a non-finite time")
+
+
+def _document(value: bytes | np.ndarray) -> Any:
+    if not isinstance(value, bytes):
+        raise InvalidRecord("a table where a JSON document belongs")
+    if len(value) > MAX_DOCUMENT_BYTES:
+        raise InvalidRecord(f"a JSON document of {len(value)} bytes, over the {MAX_DOCUMENT_BYTES}-byte limit")
+    try:
+        return json.loads(value.decode("utf-8"))
+    except RecursionError:
+        raise InvalidRecord("a JSON document nested too deeply") from None
+    except ValueError as error:
+        raise InvalidRecord(f"not JSON: {error}") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_DESCRIPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "status": (str,), "backend": (str,), "keras": (str,), "host": (str,), "input_wait": (str,), "nvml": (str,),
+    "gpus": (list,), "worker": (str,), "thresholds": (dict,)}
+
+
+def _check_description(doc: dict[str, Any]) -> None:
+    for key, types in _DESCRIPTION_TYPES.items():
+        if doc.get(key) is not None and not isinstance(doc[key], types):
+            raise InvalidRecord(f"run description field {key!r} is a {type(doc[key]).__name__}")
+    for key in ("start", "end", "idle_pct", "steps", "steps_per_execution", "fetch_floor_ms"):
+        if doc.get(key) is not None and not _is_number(doc[key]):
+            raise InvalidRecord(f"run description field {key!r} is not a finite number: {doc[key]!r:.40}")
+
+
+def _check_finding(item: Any) -> None:
+    fields = ("code", "severity", "where", "message", "advice")
+    if not isinstance(item, dict) or set(item) != set(fields) or not all(isinstance(item[f], str) for f in fields):
+        raise InvalidRecord(f"a finding that is not {{{', '.join(fields)}}} strings: {str(item)!r:.60}")
+    if item["severity"] not in _SEVERITIES:
+        raise InvalidRecord(f"a finding with severity {item['severity']!r:.30}, not one of {', '.join(_SEVERITIES)}")
+
+
+def _check_alert(item: Any) -> None:
+    if not isinstance(item, dict):
+        raise InvalidRecord(f"an alert that is a {type(item).__name__}, not a JSON object")
+    for key in ("rule", "state", "message"):
+        if item.get(key) is not None and not isinstance(item[key], str):
+            raise InvalidRecord(f"alert field {key!r} is not a string")
+    for key in ("start", "end", "value", "threshold"):
+        number = item.get(key)
+        if number is not None and not (_is_number(number) or (key in ("value", "threshold") and number != number)):
+            raise InvalidRecord(f"alert field {key!r} is not a number")
+    device = item.get("device")
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
+        raise InvalidRecord("alert field 'device' is not an integer")

@@ -1,0 +1,1 @@
+"""GPU sampling: NVML through one chokepoint, which devices to watch, and the sampler."""

@@ -1,0 +1,54 @@
+"""Loads the rnnmon tab, makes TensorBoard keep every rnnmon sample where the tab needs them, and reload a live
+run sooner.
+
+With a local log directory the tab reads the runs' own event files (see `run_files`), so TensorBoard's own
+sampling does not limit it. Otherwise (gs://, s3://, `--logdir_spec`) it reads through the data provider, and
+TensorBoard keeps 10 tensor samples per tag (Python loader) or 100 (Rust data server) for plugins it does not
+know; rnnmon writes a chunk every 2 s, so a long run would lose data. `fix_flags` runs before the data ingester
+is built, so there it sets `--samples_per_plugin rnnmon=0` ("all") unless the user chose a value for rnnmon.
+
+TensorBoard rereads the log directory every `--reload_interval` seconds (5 by default), which alone puts up to
+5 s between a step and the tab; with TensorBoard's default, `fix_flags` sets 2 s (the rnnmon writer's own
+interval). Reloads read only what is new; any other value the user passes is kept.
+
+Example:
+    >>> flags = argparse.Namespace(logdir="gs://bucket/runs", samples_per_plugin={"images": 50})
+    >>> RnnmonLoader().fix_flags(flags)
+    >>> flags.samples_per_plugin
+    {'images': 50, 'rnnmon': 0}
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from tensorboard.plugins import base_plugin
+
+from rnnmon.format.schema import PLUGIN_NAME
+
+from .run_files import reads_files
+
+KEEP_ALL = 0  # a sample count of 0 keeps every sample, in both loaders
+TENSORBOARD_RELOAD_S, LIVE_RELOAD_S = 5.0, 2.0  # TensorBoard's default --reload_interval, and rnnmon's
+LOG = logging.getLogger(__name__)
+
+
+class RnnmonLoader(base_plugin.TBLoader):
+    """The `tensorboard_plugins` entry point: keep all rnnmon samples, then build `RnnmonPlugin`."""
+
+    def fix_flags(self, flags: argparse.Namespace) -> None:
+        samples = dict(getattr(flags, "samples_per_plugin", None) or {})
+        if not reads_files(getattr(flags, "logdir", None)):  # the tab reads through the data provider
+            samples.setdefault(PLUGIN_NAME, KEEP_ALL)
+        flags.samples_per_plugin = samples
+        if getattr(flags, "reload_interval", None) == TENSORBOARD_RELOAD_S:
+            flags.reload_interval = LIVE_RELOAD_S
+
+    def load(self, context: base_plugin.TBContext) -> base_plugin.TBPlugin | None:
+        try:
+            from rnnmon_tensorboard.plugin import RnnmonPlugin
+        except ImportError as error:  # a broken install must not take TensorBoard down with it
+            LOG.error("rnnmon: the TensorBoard tab is unavailable: %s", error)
+            return None
+        return RnnmonPlugin(context)

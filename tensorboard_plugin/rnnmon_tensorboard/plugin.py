@@ -1,0 +1,498 @@
+"""The rnnmon tab's HTTP backend: run list, downsampled timelines, summaries, alert thresholds, static files.
+
+Routes are thin; the work is in the `*_impl` methods, which return plain data. With a local log directory each
+run's own event files are read through rnnmon's reader (only new bytes, checksums checked, values checked before
+they are expanded; see `run_files`), and a live run's reader and timeline index are kept and extended at each
+change; otherwise run data comes through TensorBoard's data provider, so the Rust data server and the Python
+loader both work. TensorBoard's data provider always says which runs exist. The one write is
+`POST /thresholds`, which saves the thresholds file at the log directory's root (see `thresholds_store`); it
+takes JSON only, with a header a cross-site form cannot send, and a small body. See `http_api.md`.
+
+Example:
+    >>> plugin = RnnmonPlugin(base_plugin.TBContext(logdir="runs", data_provider=provider))
+    >>> plugin.timeline_impl(ctx, "", "exp1/rnnmon", start=None, end=None, points=800)["steps"]["total"]
+    1200
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import gzip
+import importlib.util
+import ipaddress
+import json
+import math
+import os
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from tensorboard import errors, plugin_util
+from tensorboard.backend import http_util
+from tensorboard.data import provider as tb_provider
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from rnnmon.analysis.stragglers import compare_workers, worker_of
+from rnnmon.analysis.summary import summarize
+from rnnmon.format import schema
+from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
+from rnnmon.report import VERDICT_TEXT
+
+from .read_ahead import ReadAhead
+from .run_files import LocalRuns
+from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore
+from .timeline import TimelineIndex, array_bytes
+
+STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
+LIVE_WINDOW_S = 30.0  # a running run whose last write is older than this is shown as stalled
+DEFAULT_POINTS, MAX_POINTS = 1000, 20000
+CACHE_RUNS = 10
+CACHE_BYTES = 400 * 2**20  # what the cached indexes may hold: ~100 MB per 1M-step run with a gap at every step
+DERIVED = ("timeline", "summary")  # what the routes build from a run's tables
+READ_AHEAD_RUNS = 3  # runs /runs reads ahead (local log directories): the tab's first, then the newest
+READ_AHEAD_BYTES = CACHE_BYTES // 2  # what their indexes may hold, estimated from their event files' size
+INDEX_BYTES_PER_FILE_BYTE = 5  # a 1M-step run: 4.6 (input-bound, a gap every step), 2.3 (GPU run)
+VERSION_HEADER = "X-Rnnmon-Version"  # the `version` a save edits (GET /thresholds answers it)
+SAVE_HEADER, SAVE_HEADER_VALUE = "X-Rnnmon-Request", "save"  # a cross-site form post cannot set a header
+MAX_BODY_BYTES = 16 * 1024  # a thresholds document is under 2 KiB
+
+
+@dataclasses.dataclass
+class _LiveRun:
+    """A running run's reader, kept across versions, and its newest timeline index, which the next version
+    extends instead of building anew while the reader only appended rows (`reordered` unchanged)."""
+
+    reader: RunReader
+    timeline: TimelineIndex | None = None
+    reordered: int = 0
+
+
+@dataclasses.dataclass
+class _CachedRun:
+    """One version of a run: its tables until everything in DERIVED is built from them, then only those."""
+
+    version: Any
+    data: RunData | None = None
+    errors: list[str] | None = None  # None until read
+    derived: dict[str, Any] = dataclasses.field(default_factory=dict)
+    nbytes: int = 0  # held in the arrays of `derived`
+    live: _LiveRun | None = None  # while the run is running
+    base: TimelineIndex | None = None  # an index of an earlier version of these tables, to extend
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+class RunDataError(errors.PublicError):
+    """A run whose rnnmon data cannot be read (HTTP 422: the request was fine, the data is not; 500 is for bugs)."""
+
+    http_code = 422
+
+
+class RequestRefused(errors.PublicError):
+    """A refused `POST /thresholds`, with its HTTP status (405, 409, 413, 415); the message says what to change."""
+
+    def __init__(self, http_code: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.http_code = http_code
+        self.headers = headers or []
+
+
+class RnnmonPlugin(base_plugin.TBPlugin):
+    """Serves the rnnmon tab. TensorBoard lists it as active when the data provider holds rnnmon data."""
+
+    plugin_name = schema.PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext, read_ahead_runs: int = READ_AHEAD_RUNS,
+                 read_ahead_bytes: int = READ_AHEAD_BYTES) -> None:
+        self._data_provider = context.data_provider
+        self._cache: collections.OrderedDict[tuple[str, str], _CachedRun] = collections.OrderedDict()
+        self._live: dict[tuple[str, str], _LiveRun] = {}  # running runs: decoded chunks, kept across versions
+        self._lock = threading.Lock()
+        self._local = LocalRuns.of(context.logdir)  # None: read through the data provider
+        self._descriptions: dict[tuple[str, str], tuple[Any, RunReader, RunData]] = {}  # local runs, for /runs
+        self._descriptions_lock = threading.Lock()
+        self._plotly_gz: bytes | None = None
+        self._thresholds = ThresholdsStore(context.logdir)
+        self._read_ahead_runs, self._read_ahead_bytes = read_ahead_runs, read_ahead_bytes
+        self.read_ahead = ReadAhead()  # reads runs /runs listed before the tab asks for them (local log directories)
+
+    def get_plugin_apps(self) -> dict[str, Any]:
+        return {
+            "/index.js": _static_file("index.js", "text/javascript"),
+            "/dom.js": _static_file("dom.js", "text/javascript"),
+            "/thresholds.js": _static_file("thresholds.js", "text/javascript"),
+            "/style.css": _static_file("style.css", "text/css"),
+            "/plotly.min.js": self._serve_plotly,
+            "/runs": self._serve_runs,
+            "/timeline": self._serve_timeline,
+            "/summary": self._serve_summary,
+            "/workers": self._serve_workers,
+            "/thresholds": self._serve_thresholds,
+        }
+
+    def is_active(self) -> bool:
+        return False  # only asked when the provider lists no rnnmon data (see `data_plugin_names`)
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="RNN Monitor")
+
+    # --- routes ----------------------------------------------------------------------------------------
+    @wrappers.Request.application
+    def _serve_plotly(self, request: wrappers.Request) -> wrappers.Response:
+        return http_util.Respond(request, self._plotly_bundle(), "text/javascript", content_encoding="gzip",
+                                 expires=3600)
+
+    @wrappers.Request.application
+    def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        return http_util.Respond(request, self.runs_impl(ctx, experiment), "application/json")
+
+    @wrappers.Request.application
+    def _serve_timeline(self, request: wrappers.Request) -> wrappers.Response:
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        args = request.args
+        start, end = _number(args, "start"), _number(args, "end")
+        if start is not None and end is not None and start >= end:
+            raise errors.InvalidArgumentError(f"start must be less than end: start={start!r}, end={end!r}")
+        points = _points(args.get("points"))
+        body = self.timeline_impl(ctx, experiment, _run(args), start, end, points)
+        return http_util.Respond(request, body, "application/json")
+
+    @wrappers.Request.application
+    def _serve_summary(self, request: wrappers.Request) -> wrappers.Response:
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        return http_util.Respond(request, self.summary_impl(ctx, experiment, _run(request.args)), "application/json")
+
+    @wrappers.Request.application
+    def _serve_workers(self, request: wrappers.Request) -> wrappers.Response:
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        return http_util.Respond(request, self.workers_impl(ctx, experiment, _run(request.args)), "application/json")
+
+    @wrappers.Request.application
+    def _serve_thresholds(self, request: wrappers.Request) -> wrappers.Response:
+        if request.method in ("GET", "HEAD"):
+            return http_util.Respond(request, self.thresholds_impl(), "application/json")
+        if request.method != "POST":
+            raise RequestRefused(405, f"/thresholds answers GET and POST only. Received: {request.method}",
+                                 [("Allow", "GET, HEAD, POST")])
+        _check_host(request)
+        return http_util.Respond(request, self.save_thresholds_impl(_json_body(request),
+                                                                    request.headers.get(VERSION_HEADER)),
+                                 "application/json")
+
+    # --- work --------------------------------------------------------------------------------------------
+    def runs_impl(self, ctx: Any, experiment: str) -> dict[str, Any]:
+        """Every run with rnnmon data: status from its newest run description, and whether it is live."""
+        listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME)
+        described = {} if self._local else self._data_provider.read_tensors(
+            ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME, downsample=ALL_SAMPLES,
+            run_tag_filter=tb_provider.RunTagFilter(tags=[schema.RUN_TAG]))
+        now = time.time()
+        runs = []
+        file_bytes: dict[str, int] = {}
+        for run in sorted(name for name, tags in listing.items() if tags):
+            last_write = max(series.max_wall_time for series in listing[run].values())
+            if self._local:  # from the files: nothing of them is expanded by the provider, and newer than its reload
+                info, problems, written, file_bytes[run] = self._description(experiment, run)
+                last_write = max(last_write, written)
+            else:
+                info, error = _newest_json(described.get(run, {}).get(schema.RUN_TAG, []))
+                problems = [error] if error else []
+            status = str(info.get("status", "unknown"))
+            if status == "running":
+                status = "live" if now - last_write <= LIVE_WINDOW_S else "stalled"
+            runs.append({"run": run, "name": _display_name(run), "status": status, "live": status == "live",
+                         "last_write": last_write, "age_s": round(now - last_write, 1),
+                         "start": info.get("start"), "errors": problems})
+        if self._local:
+            self._offer_reads(ctx, experiment, runs, file_bytes)
+        return {"runs": runs, "live_window_s": LIVE_WINDOW_S}
+
+    def _offer_reads(self, ctx: Any, experiment: str, runs: list[dict[str, Any]], file_bytes: dict[str, int]) -> None:
+        """Offer the background reader the runs the tab is likely to open next: the one it shows first (the first
+        listed), then the most recently written, as many as `read_ahead_runs` whose estimated indexes fit in
+        `read_ahead_bytes`. Each run is offered once per process; `read_ahead_run` skips one already read."""
+        likely = runs[:1] + sorted(runs[1:], key=lambda run: -run["last_write"])
+        budget = self._read_ahead_bytes
+        for run in likely[:self._read_ahead_runs]:
+            estimate = file_bytes.get(run["run"], 0) * INDEX_BYTES_PER_FILE_BYTE
+            if estimate > budget:
+                break
+            budget -= estimate
+            self.read_ahead.offer((experiment, run["run"]),
+                                  functools.partial(self.read_ahead_run, ctx, experiment, run["run"], estimate))
+
+    def read_ahead_run(self, ctx: Any, experiment: str, run: str, estimate_bytes: int = 0) -> bool:
+        """Read `run` and build what the tab asks for first (its timeline index and summary), unless it was read
+        already or its index (`estimate_bytes`) would not fit beside the cached ones: it never evicts a run.
+        True when it was read."""
+        key = (experiment, run)
+        with self._lock:
+            if key in self._cache or key in self._live:
+                return False
+            if len(self._cache) >= CACHE_RUNS or self._cached_bytes() + estimate_bytes > CACHE_BYTES:
+                return False
+        with contextlib.suppress(RunDataError, errors.NotFoundError):  # its routes report that
+            self._derived(ctx, experiment, run, "timeline", self._timeline)
+            self._derived(ctx, experiment, run, "summary", self._summary)  # the tables are dropped after both
+        return True
+
+    def timeline_impl(self, ctx: Any, experiment: str, run: str, start: float | None, end: float | None,
+                      points: int) -> dict[str, Any]:
+        """`run`'s series over [start, end] (seconds since its origin), about `points` points per series."""
+        return self._derived(ctx, experiment, run, "timeline", self._timeline).view(start, end, points)
+
+    def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
+        """`rnnmon.analysis.summary.summarize` for `run`, with the verdict in words."""
+        return self._derived(ctx, experiment, run, "summary", self._summary)
+
+    def _timeline(self, cached: _CachedRun) -> TimelineIndex:
+        """The index of this version: the previous version's, extended by the new rows, where that works."""
+        index = cached.base.appended(cached.data) if cached.base is not None else None
+        index = index or TimelineIndex(cached.data)
+        cached.base = None
+        if cached.live is not None:
+            cached.live.timeline = index
+        return index
+
+    def _summary(self, cached: _CachedRun) -> dict[str, Any]:
+        summary = summarize(cached.data)  # idle_gaps: the longest 20; idle_gap_count: all
+        summary["verdict_text"] = VERDICT_TEXT.get(summary["verdict"], summary["verdict"])
+        summary["name"] = _display_name(cached.data.run)
+        return summary
+
+    def workers_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
+        """The workers of `run`'s multi-worker job side by side, with STRAGGLER; no workers for other runs."""
+        job = worker_of(run)
+        if job is None:
+            return {"job": None, "workers": [], "findings": []}
+        listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME)
+        siblings = sorted(name for name, tags in listing.items() if tags and (worker_of(name) or (None,))[0] == job[0])
+        summaries = []
+        for name in siblings:
+            try:
+                summaries.append(self.summary_impl(ctx, experiment, name))
+            except (RunDataError, errors.NotFoundError):
+                continue  # /summary reports that run's error
+        groups = compare_workers(summaries)
+        return groups[0] if groups else {"job": job[0], "workers": [], "findings": []}
+
+    def thresholds_impl(self) -> dict[str, Any]:
+        """The saved thresholds (or the defaults), the file's path, and whether the tab can save it."""
+        return self._thresholds.read()
+
+    def save_thresholds_impl(self, data: Any, edits: str | None = None) -> dict[str, Any]:
+        """Validate and save `data` as the thresholds file, if it still is at version `edits`; `thresholds_impl()`
+        afterwards."""
+        try:
+            return self._thresholds.save(data, edits)
+        except (ValueError, TypeError, RecursionError) as error:
+            raise errors.InvalidArgumentError(str(error) or "the thresholds document is nested too deeply") from None
+        except (NotWritableError, StaleVersionError) as error:
+            raise RequestRefused(409, str(error)) from None
+
+    # --- helpers -----------------------------------------------------------------------------------------
+    def _derived(self, ctx: Any, experiment: str, run: str, name: str, build: Callable[[_CachedRun], Any]) -> Any:
+        """`build(cached)` for the run's current data, built once per version of it (see `_CachedRun`)."""
+        cached = self._read(ctx, experiment, run)
+        with cached.lock:
+            if name not in cached.derived:
+                cached.derived[name] = build(cached)
+                cached.nbytes += array_bytes(cached.derived[name])
+                if len(cached.derived) == len(DERIVED):
+                    cached.data = RunData(run)  # the tables were only needed to build these
+            return cached.derived[name]
+
+    def _read(self, ctx: Any, experiment: str, run: str) -> _CachedRun:
+        """The run's cache entry, read again only when a tag has new samples; raises for unknown or unreadable runs."""
+        listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME,
+                                                   run_tag_filter=tb_provider.RunTagFilter(runs=[run]))
+        tags = listing.get(run)
+        if not tags:
+            raise errors.NotFoundError(f"No rnnmon data for run {run!r}")
+        run_dir = self._run_dir(run)
+        if run_dir is not None:
+            version: Any = LocalRuns.version(run_dir)
+        else:
+            version = sorted((tag, series.max_step, series.max_wall_time) for tag, series in tags.items())
+        key = (experiment, run)
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is None or cached.version != version:
+                cached = self._cache[key] = _CachedRun(version)
+            self._cache.move_to_end(key)
+            while len(self._cache) > CACHE_RUNS or (len(self._cache) > 1 and self._cached_bytes() > CACHE_BYTES):
+                self._cache.popitem(last=False)  # the least recently used run
+        with cached.lock:  # one reader per run and version; other requests for it wait for its result
+            if cached.errors is None:
+                with self._lock:
+                    live = self._live.pop(key, None)
+                reader = live.reader if live else RunReader(run)
+                if run_dir is not None:
+                    data = reader.update_from_files(run_dir)  # new bytes only
+                else:
+                    data = reader.update_from_provider(self._data_provider, ctx, experiment)  # new chunks only
+                if live is not None and live.reordered == reader.reordered:
+                    cached.base = live.timeline  # the new rows follow the rows it indexed
+                if data.info.get("status") == "running":  # more chunks will come: keep what is decoded
+                    live = cached.live = _LiveRun(reader, cached.base, reader.reordered)
+                    with self._lock:
+                        self._live[key] = live
+                        while len(self._live) > CACHE_RUNS:
+                            self._live.pop(next(iter(self._live)))
+                cached.data, cached.errors = data, list(data.errors)
+        if cached.errors:
+            raise RunDataError(f"Run {run!r} has unreadable rnnmon data: {'; '.join(cached.errors)}")
+        return cached
+
+    def _run_dir(self, run: str) -> str | None:
+        """The folder of a local log directory's run; None: read it through the data provider."""
+        return self._local.directory(run) if self._local else None
+
+    def _cached_bytes(self) -> int:
+        """What the cached indexes and summaries hold (the caller holds `_lock`)."""
+        return sum(entry.nbytes for entry in self._cache.values())
+
+    def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], float, int]:
+        """A local run's newest description, its errors (the description's, and damage to its files), when its
+        files last changed and their size; reads only the bytes written since the last call and parses only
+        records that name the description's tag."""
+        run_dir = self._run_dir(run)
+        if run_dir is None:
+            return {}, [], 0.0, 0
+        version = LocalRuns.version(run_dir)
+        with self._descriptions_lock:
+            known = self._descriptions.get((experiment, run))
+            if known is None or known[0] != version:
+                reader = known[1] if known else RunReader(run, tags=frozenset({schema.RUN_TAG}))
+                known = self._descriptions[(experiment, run)] = (version, reader, reader.update_from_files(run_dir))
+        data = known[2]
+        return (data.info, data.errors, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0),
+                sum(size for _, size, _ in version))
+
+    def _plotly_bundle(self) -> bytes:
+        """plotly.js from the installed `plotly` package, gzipped once."""
+        if self._plotly_gz is None:
+            spec = importlib.util.find_spec("plotly")
+            if spec is None or not spec.submodule_search_locations:
+                raise errors.NotFoundError("The plotly package is not installed: pip install plotly")
+            path = os.path.join(next(iter(spec.submodule_search_locations)), "package_data", "plotly.min.js")
+            with open(path, "rb") as f:
+                self._plotly_gz = gzip.compress(f.read(), compresslevel=6, mtime=0)
+        return self._plotly_gz
+
+
+def _static_file(name: str, mimetype: str) -> Any:
+    @wrappers.Request.application
+    def serve(request: wrappers.Request) -> wrappers.Response:
+        with open(os.path.join(STATIC_DIR, name), "rb") as f:
+            return http_util.Respond(request, f.read(), mimetype)
+
+    return serve
+
+
+def _json_body(request: wrappers.Request) -> Any:
+    """The JSON document of a save request, after the checks that keep other sites and large bodies out."""
+    if request.headers.get(SAVE_HEADER, "").strip().lower() != SAVE_HEADER_VALUE:
+        raise errors.PermissionDeniedError(
+            f"POST /thresholds needs the header {SAVE_HEADER}: {SAVE_HEADER_VALUE} (a cross-site form cannot send it)")
+    if request.mimetype != "application/json":
+        raise RequestRefused(415, "POST /thresholds takes JSON: send Content-Type: application/json. "
+                                  f"Received: {request.content_type or 'no Content-Type'}")
+    too_large = f"The thresholds document must be at most {MAX_BODY_BYTES} bytes"
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise RequestRefused(413, f"{too_large}. Received: Content-Length {request.content_length}")
+    body = request.stream.read(MAX_BODY_BYTES + 1)  # without a Content-Length (chunked), read one byte past the limit
+    if len(body) > MAX_BODY_BYTES:
+        raise RequestRefused(413, f"{too_large}. Received: a longer body, sent without Content-Length")
+    try:
+        return json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise errors.InvalidArgumentError(f"the body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise errors.InvalidArgumentError("the body is nested too deeply") from None
+
+
+def _check_host(request: wrappers.Request) -> None:
+    """Refuse a save addressed to a foreign host name or sent from another origin (DNS rebinding), as Jupyter does.
+
+    Allowed: localhost, IP literals, this machine's names, and the names in RNNMON_ALLOWED_HOSTS (comma
+    separated; "*" allows any).
+    """
+    host = request.host or ""
+    if host.startswith("["):  # [IPv6]:port
+        name = host[1:host.find("]")] if "]" in host else host
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.rstrip(".").lower()
+    allowed = {h.strip().lower() for h in os.environ.get("RNNMON_ALLOWED_HOSTS", "").split(",") if h.strip()}
+    if not ("*" in allowed or name in allowed or _local_name(name)):
+        raise errors.PermissionDeniedError(
+            f"POST /thresholds refuses Host {host[:80]!r}: reach TensorBoard at localhost, an IP address or this "
+            "machine's name, or list the name in RNNMON_ALLOWED_HOSTS (a guard against DNS rebinding)")
+    origin = request.headers.get("Origin")
+    if origin and origin != "null" and urllib.parse.urlsplit(origin).netloc.lower() != host.lower():
+        raise errors.PermissionDeniedError(f"POST /thresholds refuses a request from another origin: {origin[:80]!r}")
+
+
+def _local_name(name: str) -> bool:
+    if name in ("localhost", socket.gethostname().lower(), socket.getfqdn().lower()) or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _run(args: Any) -> str:
+    run = args.get("run")
+    if not run:
+        raise errors.InvalidArgumentError("Missing required parameter: run (a run name from /runs)")
+    return run
+
+
+def _number(args: Any, name: str) -> float | None:
+    raw = args.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise errors.InvalidArgumentError(f"{name} must be a number of seconds since the run's origin: {name}={raw!r}")
+    return value
+
+
+def _points(raw: str | None) -> int:
+    if raw in (None, ""):
+        return DEFAULT_POINTS
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not 10 <= int(raw) <= MAX_POINTS:  # no ²²
+        raise errors.InvalidArgumentError(f"points must be an integer from 10 to {MAX_POINTS}: points={raw!r}")
+    return int(raw)
+
+
+def _display_name(run: str) -> str:
+    """'exp1/rnnmon' -> 'exp1': rnnmon writes into its own subdirectory of the user's run directory."""
+    suffix = "/" + schema.RUN_SUBDIR
+    return run[: -len(suffix)] if run.endswith(suffix) and len(run) > len(suffix) else run
+
+
+def _newest_json(datums: list[Any]) -> tuple[dict[str, Any], str | None]:
+    """The newest run description, and a message when it is not readable."""
+    if not datums:
+        return {}, None
+    datum = max(datums, key=lambda d: d.step)
+    try:
+        raw = datum.numpy.item() if hasattr(datum.numpy, "item") else datum.numpy
+        doc = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except (ValueError, TypeError, UnicodeDecodeError) as error:
+        return {}, f"{schema.RUN_TAG}: {error}"
+    return (doc, None) if isinstance(doc, dict) else ({}, f"{schema.RUN_TAG}: not a JSON object")

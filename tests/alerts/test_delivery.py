@@ -1,0 +1,175 @@
+"""Alerts on real fits: thresholds in the callback, hooks, stopping, profiling, and a thresholds file."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import TESTS, read_run, run_status, stalled_dataset, tiny_model
+from fake_nvml import FakeGpu, FakeNvmlLib, installed
+from test_gpu_sampling import IdleWindows
+
+from rnnmon import UtilizationMonitor
+from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, save_thresholds_file
+from rnnmon.analysis.summary import summarize
+
+FAST = {"gpu_util_low": {"pct": 20.0, "resolve_pct": 30.0, "for_s": 0.5}}
+
+
+def _dip_at(index: int, seconds: float, windows: IdleWindows):
+    def delay(batch: int) -> float:
+        if batch == index:
+            windows.open()
+            time.sleep(seconds)
+            windows.close()
+        return 0.005
+
+    return delay
+
+
+def test_alert_fires_resolves_and_reaches_hook_log_and_report(tmp_path, caplog):
+    windows, events = IdleWindows(), []
+    gpu = FakeGpu(utilization=windows.utilization, pids=[os.getpid()])
+    with installed(FakeNvmlLib([gpu])):
+        tiny_model().fit(stalled_dataset(200, _dip_at(60, 2.0, windows)), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(tmp_path), thresholds=FAST, on_alert=events.append,
+                                                       audit=False)])
+    fired = [e for e in events if e.rule == "gpu_util_low"]
+    assert [e.state for e in fired] == ["firing", "resolved"]
+    (start, end), = windows.windows
+    assert start < fired[0].start < end and start + 0.4 < fired[1].end < end + 1.0
+    assert any("rnnmon alert gpu_util_low (GPU 0)" in r.getMessage() for r in caplog.records)
+    alerts = summarize(read_run(str(tmp_path)))["alerts"]
+    alert = next(a for a in alerts if a["rule"] == "gpu_util_low")
+    assert {"rule", "device", "start", "end", "value", "threshold"} <= set(alert)
+    assert alert["device"] == 0 and alert["end"] is not None and alert["value"] < 20
+
+
+def test_stop_on_alert_ends_training_early(tmp_path):
+    windows = IdleWindows()
+    with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
+        model = tiny_model()
+        model.fit(stalled_dataset(400, _dip_at(30, 3.0, windows)), epochs=1, verbose=0,
+                  callbacks=[UtilizationMonitor(str(tmp_path), thresholds=FAST, stop_on_alert=["gpu_util_low"],
+                                                audit=False)])
+    assert 30 < len(read_run(str(tmp_path)).steps) < 400
+
+
+def test_profile_is_captured_after_an_alert(tmp_path):
+    windows = IdleWindows()
+    with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
+        tiny_model().fit(stalled_dataset(300, _dip_at(30, 2.0, windows)), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(tmp_path), thresholds=FAST, profile_steps_on_alert=5,
+                                                       audit=False)])
+    traces = glob.glob(str(tmp_path / "rnnmon" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    assert len(traces) == 1 and os.path.getsize(traces[0]) > 0
+
+
+@pytest.mark.parametrize(("thresholds", "words"), [
+    ({"gpu_util_low": {"pct": 150}}, "gpu_util_low.pct must be in [0, 100]. Received: 150"),
+    ({"gpu_utl_low": {}}, "Unknown key(s) in thresholds: gpu_utl_low"),
+    ({"idle_gap": {"min_s": "ten"}}, "idle_gap.min_s must be a finite number"),
+])
+def test_invalid_thresholds_are_rejected_by_name(thresholds, words):
+    with pytest.raises(ValueError) as error:
+        UtilizationMonitor("logs", thresholds=thresholds)
+    assert words in str(error.value)
+
+
+def test_unknown_stop_rule_is_rejected():
+    with pytest.raises(ValueError, match="Received: stop_on_alert="):
+        UtilizationMonitor("logs", stop_on_alert=["gpu_too_hot"])
+
+
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {tests!r})
+    from conftest import stalled_dataset, tiny_model
+    from fake_nvml import FakeGpu, FakeNvmlLib, installed
+    from rnnmon import UtilizationMonitor
+
+    with installed(FakeNvmlLib([FakeGpu(utilization=60.0, pids=[os.getpid()])])):
+        tiny_model().fit(stalled_dataset(10_000, 0.005), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor({logdir!r}, thresholds={{"gpu_util_low": {{"for_s": 1.0}}}},
+                                                       stop_on_alert=True, audit=False)])
+""")
+
+
+def test_thresholds_file_reaches_a_running_fit(tmp_path):
+    """At 60% utilization nothing fires, until a saved file raises the bar to 80%: the fit then stops itself."""
+    run_dir = tmp_path / "exp"
+    script = CHILD.format(tests=TESTS, logdir=str(run_dir))
+    log = tmp_path / "child.log"
+    with open(log, "w") as stderr_file:
+        child = subprocess.Popen([sys.executable, "-c", script], stderr=stderr_file)
+    try:
+        deadline = time.monotonic() + 60
+        while run_status(run_dir) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)
+        assert run_status(run_dir) == "running"  # no alert at the callback's thresholds
+        raised = Thresholds.from_dict({"gpu_util_low": {"pct": 80.0, "resolve_pct": 85.0, "for_s": 1.0}})
+        save_thresholds_file(tmp_path / THRESHOLDS_FILE, raised)  # one folder above the run, as the tab saves
+        saved_at = time.monotonic()
+        while run_status(run_dir) == "running" and time.monotonic() - saved_at < 20:
+            time.sleep(0.2)
+        assert run_status(run_dir) == "finished" and time.monotonic() - saved_at < 10
+        # (The process itself may not exit: TensorFlow can hang at interpreter exit after a py_function
+        # pipeline is abandoned mid-epoch, with or without rnnmon.)
+    finally:
+        child.kill()
+        child.wait()
+    stderr = log.read_text()
+    assert "alert thresholds now come from" in stderr and "rnnmon alert gpu_util_low" in stderr
+    alerts = summarize(read_run(str(run_dir)))["alerts"]
+    assert next(a["threshold"] for a in alerts if a["rule"] == "gpu_util_low") == 80.0
+    info = read_run(str(run_dir)).info
+    assert info["thresholds"]["gpu_util_low"]["pct"] == 80.0 and info["thresholds_source"].endswith(THRESHOLDS_FILE)
+    assert json.loads((tmp_path / THRESHOLDS_FILE).read_text())["gpu_util_low"]["pct"] == 80.0
+
+
+def test_run_description_records_the_thresholds_in_effect(tmp_path):
+    custom = {"gpu_util_low": {"pct": 12.0, "resolve_pct": 30.0, "for_s": 5.0}}
+    tiny_model().fit(stalled_dataset(12), epochs=1, verbose=0,
+                     callbacks=[UtilizationMonitor(str(tmp_path), thresholds=custom, audit=False)])
+    info = read_run(str(tmp_path)).info
+    assert info["thresholds_source"] == "callback" and info["thresholds"]["gpu_util_low"]["pct"] == 12.0
+
+
+def test_input_wait_alert_from_an_injected_stall(tmp_path):
+    events = []
+    thresholds = {"input_wait_high": {"pct": 20.0, "resolve_pct": 10.0, "for_s": 0.3}}
+
+    def delay(batch: int) -> float:
+        return 0.03 if 40 <= batch < 80 else 0.0  # the pipeline stalls for 40 steps, then recovers
+
+    tiny_model().fit(stalled_dataset(200, delay, prefetch="none"), epochs=1, verbose=0,
+                     callbacks=[UtilizationMonitor(str(tmp_path), thresholds=thresholds, on_alert=events.append,
+                                                   audit=False)])
+    states = [e.state for e in events if e.rule == "input_wait_high"]
+    assert states == ["firing", "resolved"]
+    assert "prefetch" in events[0].message and events[0].value > 20
+
+
+def test_profile_capture_yields_to_a_running_profiler(tmp_path, caplog):
+    import tensorflow as tf
+
+    windows = IdleWindows()
+    tf.profiler.experimental.start(str(tmp_path / "theirs"))  # as TensorBoard(profile_batch=...) would
+    try:
+        with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
+            history = tiny_model().fit(
+                stalled_dataset(150, _dip_at(30, 1.5, windows)), epochs=1, verbose=0,
+                callbacks=[UtilizationMonitor(str(tmp_path / "ours"), thresholds=FAST, profile_steps_on_alert=5,
+                                              audit=False)])
+    finally:
+        tf.profiler.experimental.stop()
+    assert len(history.history["loss"]) == 1
+    assert any("could not start a profiler trace" in r.getMessage() for r in caplog.records)
+    assert not glob.glob(str(tmp_path / "ours" / "rnnmon" / "plugins" / "profile" / "*" / "*.xplane.pb"))

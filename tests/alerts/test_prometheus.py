@@ -1,0 +1,94 @@
+"""The Prometheus endpoint, scraped for real during a fit, against the names docs/prometheus.md promises."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import urllib.request
+
+import keras
+import pytest
+from conftest import ROOT, read_run, stalled_dataset, tiny_model
+from fake_nvml import FakeGpu, FakeNvmlLib, installed
+
+from rnnmon import UtilizationMonitor
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+DOCS = os.path.join(ROOT, "docs", "prometheus.md")
+
+
+def documented_metrics() -> dict[str, str]:
+    """name → type, from the metric table of docs/prometheus.md."""
+    with open(DOCS, encoding="utf-8") as file:
+        rows = re.findall(r"^\| `(rnnmon_\w+)(?:\{[^`]*\})?` \| (\w+) \|", file.read(), re.MULTILINE)
+    return dict(rows)
+
+
+def scrape(port: int) -> dict[str, list]:
+    """Family name → samples, parsed with prometheus_client's own text parser."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {family.name: list(family.samples) for family in text_string_to_metric_families(text)}
+
+
+def total(families: dict[str, list], sample_name: str, **labels: str) -> float:
+    family = families[re.sub(r"_(total|count|sum|bucket)$", "", sample_name)]
+    return sum(s.value for s in family if s.name == sample_name and labels.items() <= s.labels.items())
+
+
+class ScrapeDuringFit(keras.callbacks.Callback):
+    def __init__(self, monitor: UtilizationMonitor, at_batch: int) -> None:
+        super().__init__()
+        self.monitor, self.at_batch, self.families = monitor, at_batch, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.at_batch:
+            self.families = scrape(self.monitor.prometheus_port)
+
+
+def test_endpoint_during_a_fit_has_every_documented_name_and_counters_grow(tmp_path, rnnmon_warnings):
+    documented = documented_metrics()
+    assert len(documented) == 8, documented
+    half_idle = FakeGpu(utilization=lambda t: 0.0 if t % 0.6 < 0.3 else 90.0, pids=[os.getpid()])
+    with installed(FakeNvmlLib([half_idle])):
+        monitor = UtilizationMonitor(str(tmp_path), prometheus_port=0, prometheus_job="sweep", flush_secs=0.3,
+                                     sample_interval_s=0.1)
+        scraper = ScrapeDuringFit(monitor, at_batch=100)
+        tiny_model().fit(stalled_dataset(200, 0.01, prefetch="none"), epochs=1, verbose=0, callbacks=[monitor, scraper])
+    during, after = scraper.families, scrape(monitor.prometheus_port)
+    assert f"rnnmon: Prometheus metrics at http://127.0.0.1:{monitor.prometheus_port}/metrics" in rnnmon_warnings()
+    assert during is not None
+    names = {sample.name for samples in after.values() for sample in samples}
+    for name, kind in documented.items():
+        expected = {"histogram": [f"{name}_bucket", f"{name}_sum", f"{name}_count"]}.get(kind, [name])
+        assert set(expected) <= names, (name, sorted(names))
+    for samples in after.values():
+        for sample in samples:
+            assert sample.labels["job"] == "sweep" and sample.labels["worker"] == "0", sample
+    for counter in ("rnnmon_steps_total", "rnnmon_step_seconds_count", "rnnmon_input_wait_seconds_sum",
+                    "rnnmon_host_gap_seconds_count", "rnnmon_gpu_idle_seconds_total"):
+        assert 0 < total(during, counter) < total(after, counter), counter
+    assert total(after, "rnnmon_steps_total") == 200
+    assert 0 <= total(after, "rnnmon_gpu_utilization_ratio", gpu="0") <= 1
+    verdicts = {s.labels["verdict"]: s.value for s in after["rnnmon_verdict"]}
+    assert sum(verdicts.values()) == 1 and verdicts["input-bound"] == 1, verdicts  # a 10 ms stall, not overlapped
+    assert {s.labels["rule"] for s in after["rnnmon_alert_firing"]} >= {"gpu_util_low", "input_wait_high"}
+    assert read_run(str(tmp_path)).steps.shape[0] == 200  # the run is written as without the exporter
+
+
+def test_port_in_use_is_one_error_line_and_training_goes_on(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="rnnmon")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monitor = UtilizationMonitor(str(tmp_path), prometheus_port=port)
+        tiny_model().fit(stalled_dataset(20), epochs=1, verbose=0, callbacks=[monitor])
+    errors = [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0] and "unexported" in errors[0], errors
+    assert monitor.prometheus_port is None
+    assert read_run(str(tmp_path)).steps.shape[0] == 20

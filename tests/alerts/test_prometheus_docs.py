@@ -1,0 +1,88 @@
+"""The files docs/prometheus.md ships for a fleet: alerting rules and a Grafana dashboard, checked as shipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from test_prometheus import documented_metrics
+
+from rnnmon.alerts.thresholds import Thresholds
+
+yaml = pytest.importorskip("yaml")
+DOCS = os.path.join(ROOT, "docs")
+RULES = os.path.join(DOCS, "prometheus-rules.yml")
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
+_SECONDS = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\brnnmon_\w+", expr)) - {"rnnmon_rule"}
+
+
+def known(name: str) -> bool:
+    base = re.sub(r"_(bucket|sum|count)$", "", name)
+    return name in documented_metrics() or base in documented_metrics()
+
+
+def load_rules() -> list[dict]:
+    with open(RULES, encoding="utf-8") as file:
+        document = yaml.safe_load(file)
+    assert set(document) == {"groups"} and isinstance(document["groups"], list)
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def test_the_page_carries_the_rules_file_verbatim():
+    with open(os.path.join(DOCS, "prometheus.md"), encoding="utf-8") as page, open(RULES, encoding="utf-8") as rules:
+        assert rules.read() in page.read()
+
+
+def test_rules_parse_with_promtool_or_the_schema():
+    promtool = shutil.which("promtool", path=os.path.dirname(sys.executable)) or shutil.which("promtool")
+    if promtool:
+        result = subprocess.run([promtool, "check", "rules", RULES], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+    for rule in load_rules():  # the schema promtool checks, as far as it can be checked without it
+        assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, rule
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", rule["alert"])
+        assert _DURATION.match(rule["for"]), rule["for"]
+        assert all(isinstance(v, str) for v in (*rule["labels"].values(), *rule["annotations"].values()))
+        assert rule["expr"].count("(") == rule["expr"].count(")")
+        names = metric_names(rule["expr"])
+        assert names and all(known(name) for name in names), names
+
+
+def test_rules_mirror_the_default_thresholds():
+    defaults = Thresholds()
+    rules = {rule["labels"]["rnnmon_rule"]: rule for rule in load_rules()}
+    enabled = {name for name, group in defaults.to_dict().items() if group["enabled"]}
+    assert set(rules) == enabled
+    for name, rule in rules.items():
+        group = getattr(defaults, name)
+        number, unit = _DURATION.match(rule["for"]).groups()
+        if hasattr(group, "for_s") and "rnnmon_alert_firing" not in rule["expr"]:  # judged by Prometheus
+            assert int(number) * _SECONDS[unit] == group.for_s, name
+    assert "< 0.20" in rules["gpu_util_low"]["expr"] and defaults.gpu_util_low.pct == 20
+    assert "> 0.20" in rules["input_wait_high"]["expr"] and defaults.input_wait_high.pct == 20
+    assert ">= 10" in rules["idle_gap"]["expr"] and defaults.idle_gap.min_s == 10
+    assert "1.5 *" in rules["step_time_regression"]["expr"] and defaults.step_time_regression.ratio == 1.5
+
+
+def test_grafana_dashboard_queries_only_documented_metrics():
+    with open(os.path.join(DOCS, "grafana-dashboard.json"), encoding="utf-8") as file:
+        dashboard = json.load(file)
+    assert dashboard["title"] and dashboard["panels"]
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    used = set().union(*(metric_names(expr) for expr in exprs))
+    assert all(known(name) for name in used), used
+    panel_ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(panel_ids) == len(set(panel_ids))
+    for expr in exprs:
+        assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), expr

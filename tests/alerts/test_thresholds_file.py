@@ -1,0 +1,108 @@
+"""Which thresholds files a monitor follows: only safe ones, never above its root or in a shared folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+
+import pytest
+
+from rnnmon.alerts.delivery import thresholds_files
+from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, load_thresholds_file
+
+
+def _load_within(path, seconds: float = 5.0):
+    """load_thresholds_file(path) on a daemon thread: a hang fails the test instead of blocking it."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = load_thresholds_file(path)
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"reading {path} hung"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_fifo_is_refused_without_hanging(tmp_path):
+    os.mkfifo(tmp_path / THRESHOLDS_FILE)
+    with pytest.raises(ValueError, match="not a regular file"):
+        _load_within(tmp_path / THRESHOLDS_FILE)
+
+
+def test_symlink_is_refused_and_its_target_never_echoed(tmp_path):
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"password": "hunter2"}))
+    (tmp_path / THRESHOLDS_FILE).symlink_to(secret)
+    with pytest.raises(ValueError, match="symbolic link") as error:
+        _load_within(tmp_path / THRESHOLDS_FILE)
+    assert "hunter2" not in str(error.value) and "password" not in str(error.value)
+
+
+def test_oversized_file_is_refused(tmp_path):
+    (tmp_path / THRESHOLDS_FILE).write_text(" " * (17 << 10) + "{}")
+    with pytest.raises(ValueError, match="larger than 16384 bytes"):
+        _load_within(tmp_path / THRESHOLDS_FILE)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_file_of_another_user_is_refused(tmp_path):
+    path = tmp_path / THRESHOLDS_FILE
+    path.write_text(json.dumps(Thresholds().to_dict()))
+    os.chown(path, 12345, 12345)
+    with pytest.raises(ValueError, match="belongs to another user"):
+        _load_within(path)
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400)])
+def test_out_of_range_numbers_get_the_schema_error(tmp_path, value):
+    (tmp_path / THRESHOLDS_FILE).write_text(json.dumps({"gpu_util_low": {"pct": value}}))
+    with pytest.raises(ValueError, match=r"gpu_util_low\.pct must be a finite number\. Received: \d*"):
+        _load_within(tmp_path / THRESHOLDS_FILE)
+
+
+def test_search_stops_short_of_the_temp_dir_and_at_the_root(tmp_path):
+    shared = tempfile.mkdtemp()  # a folder right in the system's temp directory
+    try:
+        files = thresholds_files(os.path.join(shared, "exp"))
+        assert os.path.join(tempfile.gettempdir(), THRESHOLDS_FILE) not in files
+        assert files == [os.path.join(shared, "exp", THRESHOLDS_FILE), os.path.join(shared, THRESHOLDS_FILE)]
+    finally:
+        os.rmdir(shared)
+    deep = tmp_path / "a" / "b" / "c"
+    assert thresholds_files(str(deep), root=str(tmp_path / "a")) == [
+        str(deep / THRESHOLDS_FILE), str(tmp_path / "a" / "b" / THRESHOLDS_FILE), str(tmp_path / "a" / THRESHOLDS_FILE)]
+    assert thresholds_files(str(deep), root="/elsewhere") == [str(deep / THRESHOLDS_FILE)]
+
+
+def test_world_writable_folder_is_not_searched(tmp_path):
+    (tmp_path / "open").mkdir()
+    os.chmod(tmp_path / "open", 0o777)
+    files = thresholds_files(str(tmp_path / "open" / "exp"))
+    assert files == [str(tmp_path / "open" / "exp" / THRESHOLDS_FILE)]
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_a_bad_file_is_one_warning_and_the_thresholds_in_force_stay(tmp_path, caplog):
+    from conftest import read_run, stalled_dataset, tiny_model
+
+    from rnnmon import UtilizationMonitor
+
+    (tmp_path / THRESHOLDS_FILE).write_text('{"gpu_util_low": {"pct": 1' + "0" * 400 + "}}")  # OverflowError
+    custom = {"gpu_util_low": {"pct": 12.0, "resolve_pct": 30.0, "for_s": 5.0}}
+    tiny_model().fit(stalled_dataset(12), epochs=1, verbose=0,
+                     callbacks=[UtilizationMonitor(str(tmp_path), thresholds=custom, audit=False)])
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelname == "WARNING"
+                and "thresholds file" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("rnnmon: ignoring the thresholds file:"), warnings
+    info = read_run(str(tmp_path)).info
+    assert info["status"] == "finished" and info["steps"] == 12  # monitoring stayed on
+    assert info["thresholds_source"] == "callback" and info["thresholds"]["gpu_util_low"]["pct"] == 12.0

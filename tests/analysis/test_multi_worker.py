@@ -1,0 +1,161 @@
+"""Several workers: two real worker processes on localhost (CPU, TF_CONFIG), one with a stalled input pipeline.
+
+Keras 3 cannot fit under `MultiWorkerMirroredStrategy` (keras-team/keras#20585: the fit fails on a PerReplica
+value, with or without rnnmon), so the workers synchronise as an all-reduce would: inside the compiled step,
+each waits for the other over a socket. The fast worker then spends its step waiting for the slow one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+from conftest import TESTS
+
+from rnnmon.analysis.stragglers import compare_workers
+from rnnmon.findings import amdahl
+from rnnmon.report import build_report, render_text
+
+WORKER = textwrap.dedent("""
+    import socket, sys, time
+    import tensorflow as tf
+    sys.path.insert(0, sys.argv[2])
+    import keras, rnnmon
+    from conftest import stalled_dataset
+
+    index, port = int(sys.argv[3]), int(sys.argv[5])
+    if index == 0:
+        server = socket.create_server(("127.0.0.1", port))
+        server.settimeout(120)
+        peer = server.accept()[0]
+    else:
+        deadline = time.time() + 120
+        while True:
+            try:
+                peer = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.1)
+    peer.settimeout(120)
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # one byte each way per step, without delay
+
+    def all_reduce(value):  # both workers leave only when both have arrived, as at a collective
+        peer.sendall(b"s")
+        assert peer.recv(1) == b"s"
+        return value
+
+    class Synchronise(keras.layers.Layer):
+        def call(self, x):
+            done = tf.numpy_function(all_reduce, [tf.constant(0.0)], tf.float32, stateful=True)
+            return x + tf.stop_gradient(tf.reshape(done, []))
+
+        def compute_output_shape(self, shape):
+            return shape
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1), Synchronise()])
+    model.compile(optimizer="adam", loss="mse")
+    data = stalled_dataset(40, float(sys.argv[4]), prefetch="none")
+    model.fit(data, epochs=1, verbose=0, callbacks=[rnnmon.UtilizationMonitor(sys.argv[1], audit=False)])
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_workers_write_two_runs_and_the_stalled_one_is_the_straggler(tmp_path):
+    tests = TESTS
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    barrier_port, stall_s = free_port(), {0: 0.0, 1: 0.02}
+    workers = []
+    for index in (0, 1):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        workers.append(subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(tmp_path), tests, str(index), str(stall_s[index]), str(barrier_port)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        errors = [worker.communicate(timeout=240)[1] for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+    assert [w.returncode for w in workers] == [0, 0], [e[-2000:] for e in errors]
+    assert sorted(os.listdir(tmp_path)) == ["worker-0", "worker-1"]
+
+    report = build_report(str(tmp_path))
+    assert sorted(run["run"] for run in report["runs"]) == ["worker-0/rnnmon", "worker-1/rnnmon"]
+    (group,) = report["workers"]
+    by_name = {w["worker"]: w for w in group["workers"]}
+    assert by_name["worker-1"]["input_wait_ms"] > by_name["worker-0"]["input_wait_ms"] + 10, by_name
+    (straggler,) = group["findings"]
+    assert straggler["code"] == "STRAGGLER" and straggler["where"] == "worker-1", straggler
+    assert "Cause: input wait" in straggler["message"] and "holds the others back by" in straggler["message"]
+    # The bound: the job's step (the other worker's, which waits for worker-1) without worker-1's extra stall.
+    excess = sum(by_name["worker-1"][k] - by_name["worker-0"][k] for k in ("input_wait_ms", "host_gap_ms"))
+    assert straggler["speedup"] == amdahl(excess / by_name["worker-0"]["step_ms"]) > 1.3, (straggler, by_name)
+    assert f"up to {straggler['speedup']:.2f}x shorter steps" in straggler["message"]
+    text = render_text(report)
+    assert "Workers of . (2)" in text and "STRAGGLER at worker-1" in text, text
+
+
+def test_worker_names_from_tf_config():
+    from rnnmon.capture.workers import worker_name
+
+    def config(task):
+        return {"TF_CONFIG": json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "task": task})}
+
+    assert worker_name(config({"type": "worker", "index": 1})) == "worker-1"
+    assert worker_name(config({"type": "chief", "index": 0})) == "chief-0"  # not worker-0: that one exists too
+    assert worker_name({"TF_CONFIG": "{not json"}) is None
+    assert worker_name({}) is None
+
+
+def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
+    from conftest import stalled_dataset, tiny_model
+    from rnnmon_tensorboard.plugin import RnnmonPlugin
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from werkzeug import test as werkzeug_test
+
+    from rnnmon import UtilizationMonitor
+
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    for index, stall_s in ((0, 0.0), (1, 0.02)):  # two workers of one job, written here one after the other
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        tiny_model().fit(stalled_dataset(30, stall_s, prefetch="none"), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(tmp_path / "job"), audit=False)])
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
+    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider))
+    client = werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+
+    answer = client.get("/data/plugin/rnnmon/workers", query_string={"run": "job/worker-0/rnnmon"}).get_json()
+    assert answer["job"] == "job" and [w["worker"] for w in answer["workers"]] == ["worker-0", "worker-1"]
+    assert [(f["code"], f["where"]) for f in answer["findings"]] == [("STRAGGLER", "worker-1")]
+    other = client.get("/data/plugin/rnnmon/workers", query_string={"run": "elsewhere/rnnmon"}).get_json()
+    assert other == {"job": None, "workers": [], "findings": []}
+
+
+def _worker(name, step_ms, wait_ms, gpu_idle):
+    return {"run": f"job/{name}/rnnmon", "verdict": "compute-bound", "steps": 100, "wall_s": 1.0,
+            "step_ms": {"median": step_ms}, "input_wait_ms": {"median": wait_ms}, "host_gap_fraction": 0.0,
+            "gpus": [{"idle_fraction": gpu_idle}]}
+
+
+def test_a_compute_straggler_bound_is_the_time_the_others_idle_for_it():
+    (group,) = compare_workers([_worker("worker-0", 10.0, 0.5, 0.45), _worker("worker-1", 10.0, 0.5, 0.05)])
+    (straggler,) = group["findings"]
+    assert straggler["where"] == "worker-1" and "Cause: compute" in straggler["message"]
+    assert straggler["speedup"] == 1.67  # the others idle 40% of their 10 ms step waiting: 1 / (1 - 0.4)
+    assert "up to 1.67x shorter steps" in straggler["message"]

@@ -1,0 +1,105 @@
+"""`rnnmon report` run as a subprocess on log directories made by real fits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import stalled_dataset, tiny_model
+
+from rnnmon import UtilizationMonitor
+
+TOP_KEYS = {"run", "backend", "steps", "wall_s", "step_ms", "input_wait_ms", "input_wait_fraction",
+            "host_gap_fraction", "gpus", "idle_gaps", "verdict", "findings", "alerts"}
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    from fake_nvml import library_missing
+
+    root = tmp_path_factory.mktemp("logs")
+    with library_missing():
+        tiny_model().fit(stalled_dataset(30, 0.02, prefetch="none"), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(root / "slow"))])
+        tiny_model().fit(stalled_dataset(5), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(root / "short"))])
+    return root
+
+
+def _report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rnnmon.cli", "report", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_json_report_has_the_documented_shape(logdir):
+    result = _report(str(logdir), "--json")
+    assert result.returncode == 0, result.stderr
+    runs = {run["run"]: run for run in json.loads(result.stdout)["runs"]}
+    assert set(runs) == {"slow/rnnmon", "short/rnnmon"}
+    slow = runs["slow/rnnmon"]
+    assert set(slow) >= TOP_KEYS
+    assert slow["backend"] == "tensorflow" and slow["steps"] == 30 and slow["gpus"] == []
+    assert set(slow["step_ms"]) == {"median", "p90"} and slow["step_ms"]["median"] > 20
+    assert 0.5 < slow["input_wait_fraction"] <= 1 and 0 <= slow["host_gap_fraction"] < 0.1
+    assert slow["verdict"] == "input-bound"
+    assert runs["short/rnnmon"]["verdict"] == "insufficient-data"
+    for gap in slow["idle_gaps"]:
+        assert {"device", "start", "end", "cause"} <= set(gap) and gap["start"] > 1.7e9
+    assert slow["findings"] == [] or isinstance(slow["findings"], list)
+
+
+def test_text_report_is_readable(logdir):
+    result = _report(str(logdir))
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "Run slow/rnnmon" in text and "input-bound: the step waits for the input pipeline" in text
+    assert "insufficient data" in text and "CPU-only" in text
+    assert "nan" not in text.lower().replace("n/a", "")
+
+
+def test_missing_and_empty_logdirs_get_clear_messages(tmp_path):
+    missing = _report(str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such log directory" in missing.stderr
+    empty = _report(str(tmp_path))
+    assert empty.returncode == 0 and "No rnnmon data found" in empty.stdout
+
+
+def test_report_never_imports_tensorflow(logdir):
+    code = ("import sys; from rnnmon.cli import main; main(['report', sys.argv[1], '--json']); "
+            "assert 'tensorflow' not in sys.modules, 'rnnmon report imported tensorflow'")
+    result = subprocess.run([sys.executable, "-c", code, str(logdir)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["runs"]
+
+
+def test_json_summarizes_gaps_and_gaps_all_lists_every_one(logdir):
+    slow = {run["run"]: run for run in json.loads(_report(str(logdir), "--json").stdout)["runs"]}["slow/rnnmon"]
+    count = slow["idle_gap_count"]
+    assert count > 20 and len(slow["idle_gaps"]) == 20  # one gap per stalled step; the longest 20 listed
+    durations = [gap["duration_s"] for gap in slow["idle_gaps"]]
+    assert durations == sorted(durations, reverse=True)
+    assert sum(bin["count"] for bin in slow["idle_gap_histogram"]) == count
+    assert slow["idle_gaps_by_cause"]["input"]["count"] + slow["idle_gaps_by_cause"]["host"]["count"] > 0
+    assert sum(cause["count"] for cause in slow["idle_gaps_by_cause"].values()) == count
+    every = {run["run"]: run for run in json.loads(_report(str(logdir), "--json", "--gaps", "all").stdout)["runs"]}
+    starts = [gap["start"] for gap in every["slow/rnnmon"]["idle_gaps"]]
+    assert len(starts) == count and starts == sorted(starts)
+    text = _report(str(logdir), "--gaps", "all").stdout
+    assert sum(" ms  cause " in line for line in text.splitlines()) == count + (
+        every["short/rnnmon"]["idle_gap_count"])
+
+
+def test_text_report_escapes_control_characters_in_names(tmp_path):
+    import numpy as np
+
+    from rnnmon.format import schema
+    from rnnmon.format.writer import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "evil\x1b]0;owned\x07\x1b[2J" / "rnnmon"))
+    writer.json(schema.RUN_TAG, {"status": "finished\x1b[31m", "backend": "tensorflow"})
+    writer.table(schema.STEPS_TAG, np.array([[1, 0, 10.0, 10.5, 1.0, np.nan, 1]]))
+    writer.close()
+    text = _report(str(tmp_path)).stdout
+    assert "\x1b" not in text and "\x07" not in text
+    assert "evil\\x1b]0;owned\\x07\\x1b[2J" in text and "finished\\x1b[31m" in text

@@ -1,0 +1,46 @@
+"""The first validation batch of a fit traces Keras's test function: warm-up, not validation's cost.
+
+Field trial (keras-io examples, docs/field-trial.md): in every example with validation the first validation
+was the run's longest idle gap (2-12 s of tracing against 0.03-0.5 s for the later ones), reported as
+validation time and alerted on with "Validate less often".
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import read_run, sequences, tiny_model
+
+from rnnmon import UtilizationMonitor
+from rnnmon.alerts.rules import AlertEngine
+from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.format import schema
+
+WARMUP, EVAL, EPOCH_END = (schema.PHASE_KINDS.index(kind) for kind in ("warmup", "eval", "epoch_end"))
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_first_validation_batch_is_warmup_not_validation(tmp_path):
+    x, y = sequences(12)
+    tiny_model().fit(x[:256], y[:256], validation_data=(x[256:], y[256:]), epochs=2, batch_size=32, verbose=0,
+                     callbacks=[UtilizationMonitor(str(tmp_path))])
+    phases = read_run(str(tmp_path)).phases
+    kinds = phases[:, 0].astype(int).tolist()
+    # first step | epoch end, first validation batch (tracing), the rest of validation, epoch end | second epoch
+    assert kinds == [WARMUP, EPOCH_END, WARMUP, EVAL, EPOCH_END, EPOCH_END, EVAL, EPOCH_END]
+    assert phases[2, 2] == phases[3, 1]  # validation resumes where its warm-up ends
+
+
+def test_idle_gap_that_is_mostly_warmup_is_no_alert():
+    engine = AlertEngine(Thresholds.from_dict({"idle_gap": {"min_s": 1.0}}))
+    first_step = (1, 0, 0.0, 5.0, math.nan, math.nan, 1)
+    step = (2, 0, 5.0, 5.1, 0.0, 0.0, 1)
+    traced = (WARMUP, 5.2, 9.0)  # the first validation batch
+    events = engine.update({"steps": [first_step, step], "phases": [(EPOCH_END, 5.1, 5.2), traced, (EVAL, 9.0, 9.3)],
+                            "gaps": [(schema.STEP_DEVICE, (5.1, 9.3, "eval")),
+                                     (schema.STEP_DEVICE, (20.0, 22.0, "eval"))]})
+    assert [(e.rule, e.state, e.start) for e in events] == [("idle_gap", "firing", 20.0),
+                                                            ("idle_gap", "resolved", 20.0)]
+    np.testing.assert_allclose([e.value for e in events], [2.0, 2.0])

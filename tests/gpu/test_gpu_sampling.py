@@ -1,0 +1,170 @@
+"""Real fits with the real pynvml binding driven by a scripted fake NVML library."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import keras
+import numpy as np
+import pytest
+from conftest import read_run, stalled_dataset, tiny_model
+from fake_nvml import FakeGpu, FakeNvmlLib, installed
+
+from rnnmon import UtilizationMonitor
+from rnnmon.analysis.summary import summarize
+from rnnmon.format import schema
+
+
+class IdleWindows:
+    """Host-time windows in which the fake GPU reports 0% utilization."""
+
+    def __init__(self) -> None:
+        self.windows: list[list[float | None]] = []
+
+    def open(self) -> None:
+        self.windows.append([time.time(), None])
+
+    def close(self) -> None:
+        self.windows[-1][1] = time.time()
+
+    def utilization(self, t: float) -> float:
+        idle = any(start <= t and (end is None or t <= end) for start, end in self.windows)
+        return 0.0 if idle else 90.0
+
+
+class MarkEvaluation(keras.callbacks.Callback):
+    def __init__(self, windows: IdleWindows) -> None:
+        super().__init__()
+        self.windows = windows
+
+    def on_test_begin(self, logs=None):
+        self.windows.open()
+
+    def on_test_end(self, logs=None):
+        self.windows.close()
+
+
+def _stall_at(index: int, seconds: float, windows: IdleWindows):
+    def delay(batch: int) -> float:
+        if batch != index:
+            return 0.003
+        windows.open()
+        time.sleep(seconds)
+        windows.close()
+        return 0.0
+
+    return delay
+
+
+def test_idle_dip_becomes_a_gap_with_the_right_cause(tmp_path):
+    windows = IdleWindows()
+    lib = FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])
+    with installed(lib):
+        model = tiny_model()
+        model.fit(stalled_dataset(60, _stall_at(30, 1.2, windows), prefetch="none"),
+                  validation_data=stalled_dataset(60, 0.03).take(40), epochs=1,  # outlasts its warm-up batch
+                  verbose=0, callbacks=[UtilizationMonitor(str(tmp_path)), MarkEvaluation(windows)])
+    summary = summarize(read_run(str(tmp_path)))
+    (stall_start, stall_end), (eval_start, eval_end) = windows.windows
+    gaps = summary["idle_gaps"]
+    input_gaps = [g for g in gaps if g["cause"] == "input"]
+    assert len(input_gaps) == 1, gaps
+    assert input_gaps[0]["device"] == 0
+    assert abs(input_gaps[0]["start"] - stall_start) < 0.35 and abs(input_gaps[0]["end"] - stall_end) < 0.35
+    eval_gaps = [g for g in gaps if g["cause"] == "eval"]
+    assert eval_gaps and eval_gaps[0]["start"] >= eval_start - 0.35 and eval_gaps[-1]["end"] <= eval_end + 0.35
+    gpu = summary["gpus"][0]
+    assert gpu["name"] == "NVIDIA H200" and gpu["samples"] > 10 and 0 < gpu["idle_fraction"] < 1
+    assert gpu["power_mean_w"] == pytest.approx(350.0) and gpu["sm_activity_mean"] == pytest.approx(80.0)
+
+
+def test_samples_keep_driver_resolution_and_calibrate_onto_host_time(tmp_path):
+    lib = FakeNvmlLib([FakeGpu(utilization=lambda t: 50.0 + 40.0 * (int(t * 6) % 2))])
+    with installed(lib):
+        model = tiny_model()
+        before = time.time()
+        model.fit(stalled_dataset(80, 0.02), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path))])
+        after = time.time()
+    util = read_run(str(tmp_path)).util[0]
+    spacing = np.diff(util[:, 0])
+    assert np.median(spacing) == pytest.approx(1 / 6, abs=0.01)  # every driver sample, none lost
+    assert before - 0.5 < util[0, 0] and util[-1, 0] < after + 0.5  # opaque timestamps mapped to wall time
+    assert set(np.unique(util[:, 1])) <= {50.0, 90.0}
+
+
+FAILURES = {
+    "not_supported": (dict(unsupported={"nvmlDeviceGetPowerUsage"}), "power"),
+    "function_not_found": (dict(missing={"nvmlDeviceGetFieldValues", "nvmlDeviceGetPcieThroughput"}),
+                           "PCIe throughput"),
+    "gpu_lost": (dict(lost_after="soon"), "lost"),
+}
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+def test_nvml_failures_leave_na_and_one_warning(tmp_path, failure, rnnmon_warnings):
+    options, words = FAILURES[failure]
+    if options.get("lost_after") == "soon":
+        options = dict(lost_after=time.time() + 1.5)
+    lib = FakeNvmlLib([FakeGpu()], **options)
+    with installed(lib):
+        history = tiny_model().fit(stalled_dataset(100, 0.02), epochs=1, verbose=0,
+                                   callbacks=[UtilizationMonitor(str(tmp_path), sample_interval_s=0.1, audit=False)])
+    assert len(history.history["loss"]) == 1
+    warnings = rnnmon_warnings()
+    assert len(warnings) == 1 and words in warnings[0], warnings
+    run = read_run(str(tmp_path))
+    stats = run.stats[0]
+    column = {"not_supported": "power_w", "function_not_found": "pcie_rx_mib_s"}.get(failure)
+    if column:
+        assert np.isnan(stats[:, schema.STAT_COLUMNS.index(column)]).all()
+        assert not np.isnan(stats[:, schema.STAT_COLUMNS.index("temperature_c")]).any()
+    else:
+        assert run.util[0][-1, 0] < options["lost_after"] + 0.2  # nothing sampled after the loss
+        assert len(run.steps) == 100
+
+
+def test_missing_library_means_cpu_only_mode(tmp_path, rnnmon_warnings, no_nvml):
+    tiny_model().fit(stalled_dataset(30, 0.02), epochs=1, verbose=0,
+                     callbacks=[UtilizationMonitor(str(tmp_path), audit=False)])
+    warnings = rnnmon_warnings()
+    assert len(warnings) == 1 and "CPU-only" in warnings[0]
+    summary = summarize(read_run(str(tmp_path)))
+    assert summary["gpus"] == [] and summary["steps"] == 30
+    assert all(g["device"] is None for g in summary["idle_gaps"])
+
+
+def test_device_selection_follows_cuda_visible_devices_and_process_list():
+    from rnnmon.gpu.devices import select_devices
+    from rnnmon.gpu.nvml import Nvml
+
+    gpus = [FakeGpu(), FakeGpu(pids=[os.getpid()]), FakeGpu(), FakeGpu(pids=[os.getpid()])]
+    with installed(FakeNvmlLib(gpus)):
+        nvml = Nvml()
+        assert nvml.start()
+
+        def indices(choice, environ=None):
+            return [t.index for t in select_devices(nvml, choice, environ, cuda=lambda: None)]
+
+        assert indices("all") == [0, 1, 2, 3]
+        assert indices([2]) == [2]
+        assert indices("auto", {}) == [1, 3]  # no GPU seen by the backend: where this process runs
+        assert indices("auto", {"CUDA_VISIBLE_DEVICES": "2,0"}) == [2, 0]
+        uuid = gpus[3].uuid
+        assert indices("auto", {"CUDA_VISIBLE_DEVICES": f"{uuid},bogus,1"}) == [3]
+        with pytest.raises(ValueError, match="no GPU with NVML index"):
+            select_devices(nvml, [7])
+        nvml.shutdown()
+
+
+def test_without_the_sample_buffer_utilization_falls_back_to_readings(tmp_path, rnnmon_warnings):
+    lib = FakeNvmlLib([FakeGpu(utilization=42.0)], missing={"nvmlDeviceGetSamples"})
+    with installed(lib):
+        tiny_model().fit(stalled_dataset(60, 0.02), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(tmp_path), sample_interval_s=0.2, audit=False)])
+    warnings = rnnmon_warnings()
+    assert len(warnings) == 1 and "utilization samples" in warnings[0]
+    util = read_run(str(tmp_path)).util[0]
+    assert len(util) >= 5 and set(util[:, 1]) == {42.0}
+    assert np.median(np.diff(util[:, 0])) == pytest.approx(0.2, abs=0.05)  # one reading per poll
+    assert lib.calls["nvmlDeviceGetUtilizationRates"] >= len(util)

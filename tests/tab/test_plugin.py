@@ -1,0 +1,576 @@
+"""The rnnmon tab's backend: routes over real fits, downsampling, sample limits, bad input, unreadable runs, and
+the thresholds file the tab reads and saves (its only write)."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from conftest import stalled_dataset, tiny_model
+from fake_nvml import FakeGpu, FakeNvmlLib, installed, library_missing
+from rnnmon_tensorboard import plugin as plugin_module
+from rnnmon_tensorboard.downsample import MinMaxPyramid, bin_intervals, minmax_indices
+from rnnmon_tensorboard.loader import RnnmonLoader
+from rnnmon_tensorboard.plugin import RnnmonPlugin
+from synthetic_runs import truncate_event_file, write_bad_description_run, write_gpu_run, write_unreadable_run
+from tensorboard import context
+from tensorboard.backend import application
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from tensorboard.plugins import base_plugin
+from werkzeug import test as werkzeug_test
+
+from rnnmon import UtilizationMonitor
+from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, load_thresholds_file, save_thresholds_file
+from rnnmon.analysis.summary import summarize
+from rnnmon.format.reader import open_logdir, read_runs
+
+ROUTE = "/data/plugin/rnnmon/"
+CHUNKS = 150  # more than either loader keeps by default for an unknown plugin (10 and 100)
+
+
+def _idle_every_second(t: float) -> float:
+    return 0.0 if t % 1.0 < 0.35 else 90.0
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    """Two real fits (CPU-only, and on a fake GPU that idles a third of every second) plus written runs."""
+    root = tmp_path_factory.mktemp("logs")
+    with library_missing():
+        tiny_model().fit(stalled_dataset(30, 0.004), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(root / "cpu_fit"))])
+    with installed(FakeNvmlLib([FakeGpu(utilization=_idle_every_second, pids=[os.getpid()])])):
+        tiny_model().fit(stalled_dataset(40, 0.03), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(root / "gpu_fit"), sample_interval_s=0.1)])
+    with installed(FakeNvmlLib([FakeGpu(gpm_supported=False, pids=[os.getpid()])])):  # every pre-Hopper card
+        tiny_model().fit(stalled_dataset(12, 0.02), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor(str(root / "no_gpm_fit"), sample_interval_s=0.1)])
+    write_gpu_run(str(root / "long" / "rnnmon"), CHUNKS, dip_at=777)
+    write_unreadable_run(str(root / "unreadable" / "rnnmon"))
+    write_bad_description_run(str(root / "bad_description" / "rnnmon"))
+    write_gpu_run(str(root / "truncated" / "rnnmon"), 20)
+    truncate_event_file(str(root / "truncated" / "rnnmon"))
+    for name in os.listdir(root / "truncated" / "rnnmon"):  # cut a minute ago: no writer is still finishing it
+        os.utime(root / "truncated" / "rnnmon" / name, (time.time() - 60, time.time() - 60))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def client(logdir):
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
+    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=logdir, data_provider=provider))
+    return werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+
+
+def get(client, route, **params):
+    response = client.get(ROUTE + route, query_string=params)
+    return response.status_code, (response.get_json() if response.is_json else response.get_data(as_text=True))
+
+
+# --- downsampling -----------------------------------------------------------------------------------------
+def test_minmax_keeps_a_single_sample_dip_and_spike():
+    x = np.arange(100_000) / 6.0
+    y = np.full(len(x), 80.0)
+    y[31_337], y[77_777] = 0.0, 100.0
+    keep = minmax_indices(x, y, points=200, lo=x[0], hi=x[-1])
+    assert len(keep) <= 200
+    assert 31_337 in keep and 77_777 in keep
+    assert np.all(np.diff(keep) > 0)  # time order
+
+
+def test_minmax_keeps_each_columns_extremes_and_skips_nan():
+    x = np.arange(1000.0)
+    values = np.column_stack([np.sin(x), np.cos(x), np.full(1000, np.nan)])
+    values[500, 1] = -9.0
+    keep = minmax_indices(x, values, points=60, lo=0.0, hi=999.0)
+    assert len(keep) <= 60 and 500 in keep
+    assert np.argmax(values[:, 0]) in keep
+
+
+def test_minmax_keeps_everything_that_fits():
+    x = np.arange(50.0)
+    assert minmax_indices(x, x.copy(), points=100, lo=0, hi=49).tolist() == list(range(50))
+
+
+def _bucket_extremes(x, values, rows, lo, hi, buckets):
+    """{(column, bucket): (min, max)} over `rows`, the slow obvious way."""
+    width = (hi - lo) / buckets
+    out = {}
+    for column in range(values.shape[1]):
+        ok = rows[~np.isnan(values[rows, column])]
+        bucket = np.clip(((x[ok] - lo) / width).astype(int), 0, buckets - 1)
+        for b in np.unique(bucket):
+            picked = values[ok[bucket == b], column]
+            out[column, int(b)] = (float(picked.min()), float(picked.max()))
+    return out
+
+
+def test_pyramid_keeps_every_buckets_extremes_and_every_dip_at_every_zoom():
+    rng = np.random.default_rng(3)
+    x = np.sort(rng.uniform(0, 5000, 300_000))
+    values = rng.uniform(60, 95, (len(x), 2)).astype(np.float32)
+    values[rng.random(values.shape) < 0.05] = np.nan
+    dips = np.r_[rng.choice(len(x), 40, replace=False), np.searchsorted(x, [77.2, 130.0, 1300.0, 2600.0])]
+    values[dips, 0] = 0.0  # single-sample idle dips
+    pyramid = MinMaxPyramid(x, values)
+    assert len(pyramid.levels) >= 3
+    for lo, hi in [(0, 5000), (0.0, 2500.0), (1234.5, 4321.0), (100.0, 160.0), (77.0, 77.5)]:
+        first, last = np.searchsorted(x, lo), np.searchsorted(x, hi, side="right")
+        keep = pyramid.indices(first, last, 1000, lo, hi)
+        assert len(keep) <= 1000 and np.all(np.diff(keep) > 0) and first <= keep.min() and keep.max() < last
+        shown = dips[(dips >= first) & (dips < last)]
+        width = (hi - lo) / 250 if last - first > 1000 else np.inf
+        dipped = {min(249, int((x[row] - lo) // width)) for row in keep if values[row, 0] == 0.0}
+        assert shown.size and {min(249, int((x[row] - lo) // width)) for row in shown} == dipped  # their buckets
+        if last - first > 1000:
+            rows = np.arange(first, last)
+            assert _bucket_extremes(x, values, keep, lo, hi, 250) == _bucket_extremes(x, values, rows, lo, hi, 250)
+
+
+def test_bin_intervals_gives_the_covered_share_per_bucket_and_group():
+    start = np.array([0.1, 0.3, 2.5, 0.0])
+    end = np.array([0.2, 0.4, 4.5, 1.0])
+    group = np.array([0, 0, 0, 1])
+    s, e, g, share = bin_intervals(start, end, group, lo=0.0, hi=5.0, buckets=5)
+    rows = [(float(a), float(b), int(c), round(float(d), 6)) for a, b, c, d in zip(s, e, g, share)]
+    assert rows == [(0.0, 1.0, 0, 0.2), (0.0, 1.0, 1, 1.0), (2.0, 3.0, 0, 0.5), (3.0, 4.0, 0, 1.0),
+                    (4.0, 5.0, 0, 0.5)]
+
+
+# --- routes over real fits ---------------------------------------------------------------------------------
+def test_runs_lists_every_run_with_status(client):
+    status, body = get(client, "runs")
+    assert status == 200
+    runs = {run["name"]: run for run in body["runs"]}
+    assert set(runs) == {"cpu_fit", "gpu_fit", "no_gpm_fit", "long", "unreadable", "bad_description", "truncated"}
+    assert runs["cpu_fit"]["run"] == "cpu_fit/rnnmon"
+    assert runs["cpu_fit"]["status"] == "finished" and not runs["cpu_fit"]["live"]
+    assert runs["bad_description"]["errors"] and not runs["cpu_fit"]["errors"]
+
+
+def test_running_run_is_live_then_stalled(tmp_path, monkeypatch):
+    write_gpu_run(str(tmp_path / "now" / "rnnmon"), 3, status="running")
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    plugin = RnnmonPlugin(base_plugin.TBContext(
+        data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))))
+    assert plugin.runs_impl(context.RequestContext(), "")["runs"][0]["status"] == "live"
+    monkeypatch.setattr(plugin_module, "LIVE_WINDOW_S", -1.0)
+    assert plugin.runs_impl(context.RequestContext(), "")["runs"][0]["status"] == "stalled"
+
+
+def test_timeline_of_a_cpu_fit(client):
+    status, body = get(client, "timeline", run="cpu_fit/rnnmon")
+    assert status == 200
+    steps = body["steps"]
+    assert steps["total"] == 29 and not steps["downsampled"]  # 30 steps; the first is the warm-up phase
+    assert steps["step"] == list(range(2, 31))
+    assert all(w > 0 for w in steps["input_wait_ms"]) and all(c > 0 for c in steps["compute_ms"])
+    assert body["gpus"] == []
+    assert set(body["gaps"]["device"]) <= {None}  # gaps from step phases, no device
+    assert "warmup" in body["phases"]["kind"]
+    assert min(steps["time"]) >= 0 and max(steps["time"]) <= body["extent"]["end"]
+
+
+def test_timeline_of_a_gpu_fit_has_utilization_and_idle_gaps(client):
+    status, body = get(client, "timeline", run="gpu_fit/rnnmon")
+    assert status == 200
+    (gpu,) = body["gpus"]
+    assert gpu["index"] == 0 and gpu["name"] == "NVIDIA H200"
+    assert 0.0 in gpu["util"]["value"] and 90.0 in gpu["util"]["value"]
+    assert gpu["sm_activity"]["total"] > 0
+    assert body["gaps"]["total"] >= 1 and set(body["gaps"]["device"]) == {0}
+
+
+def test_timeline_of_a_gpu_without_gpm_has_utilization_and_no_sm_activity(client):
+    status, body = get(client, "timeline", run="no_gpm_fit/rnnmon")
+    assert status == 200, body
+    (gpu,) = body["gpus"]
+    assert gpu["util"]["total"] > 0 and gpu["sm_activity"] is None
+
+
+@pytest.mark.parametrize("window", [{"start": "100000", "end": "200000"}, {"start": "1e308"},
+                                    {"start": "-5", "end": "-1"}])
+def test_timeline_of_a_window_without_data_is_empty(client, window):
+    for run in ("cpu_fit/rnnmon", "long/rnnmon"):
+        status, body = get(client, "timeline", run=run, **window)
+        assert status == 200, body
+        assert body["steps"]["total"] == 0 and body["steps"]["time"] == []
+        assert all(len(gpu["util"]["time"]) <= 1 for gpu in body["gpus"])  # the neighbour that reaches the edge
+
+
+def test_timeline_range_and_points_downsample_with_extremes(client):
+    status, full = get(client, "timeline", run="long/rnnmon", points=20000)
+    util = full["gpus"][0]["util"]
+    assert util["total"] == CHUNKS * 12 and not util["downsampled"]
+    status, body = get(client, "timeline", run="long/rnnmon", points=100)
+    thin = body["gpus"][0]["util"]
+    assert status == 200 and thin["downsampled"] and len(thin["value"]) <= 100
+    assert min(thin["value"]) == 0.0  # the one-sample dip survives
+    assert max(thin["value"]) == max(util["value"])
+    assert len(body["steps"]["time"]) <= 100
+    gaps = body["gaps"]
+    assert gaps["total"] == CHUNKS and gaps["binned"] and len(gaps["start"]) <= 50
+    assert min(gaps["share"]) > 0 and max(gaps["share"]) < 0.5  # one 1/6 s gap per 2 s chunk: binned, not solid
+    assert not full["gaps"]["binned"] and set(full["gaps"]["share"]) == {1.0}
+    start, end = 40.0, 60.0
+    status, zoomed = get(client, "timeline", run="long/rnnmon", start=start, end=end, points=100)
+    times = zoomed["steps"]["time"]
+    assert zoomed["range"] == {"start": start, "end": end}
+    assert times and start - 1 <= min(times) and max(times) <= end
+    assert zoomed["steps"]["total"] < full["steps"]["total"]
+
+
+def test_summary_is_summarize_output(client, logdir):
+    status, body = get(client, "summary", run="gpu_fit/rnnmon")
+    assert status == 200
+    provider, ctx = open_logdir(logdir)
+    expected = summarize(read_runs(provider, ctx, runs=["gpu_fit/rnnmon"])["gpu_fit/rnnmon"])
+    for key in ("verdict", "steps", "input_wait_fraction", "host_gap_fraction", "step_ms", "findings", "alerts"):
+        assert body[key] == json.loads(json.dumps(expected[key])), key
+    assert body["gpus"][0]["idle_fraction"] > 0.2
+    assert body["idle_gap_count"] == expected["idle_gap_count"] >= len(body["idle_gaps"])
+    assert body["verdict_text"].startswith(body["verdict"].split("-")[0])
+    assert body["name"] == "gpu_fit"
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({}, "Missing required parameter: run"),
+    ({"run": "long/rnnmon", "start": "soon"}, "start must be a number"),
+    ({"run": "long/rnnmon", "end": "nan"}, "end must be a number"),
+    ({"run": "long/rnnmon", "start": "5", "end": "1"}, "start must be less than end"),
+    ({"run": "long/rnnmon", "points": "3"}, "points must be an integer from 10"),
+    ({"run": "long/rnnmon", "points": "many"}, "points must be an integer from 10"),
+    ({"run": "long/rnnmon", "points": "²²"}, "points must be an integer from 10"),  # int() would take it
+    ({"run": "long/rnnmon", "points": "1" * 5000}, "points must be an integer from 10"),
+])
+def test_bad_timeline_input_is_400(client, params, message):
+    status, body = get(client, "timeline", **params)
+    assert status == 400 and message in body
+
+
+def test_unknown_run_is_404(client):
+    for route in ("timeline", "summary"):
+        status, body = get(client, route, run="nope/rnnmon")
+        assert status == 404 and "nope/rnnmon" in body
+
+
+def test_unreadable_run_fails_alone(client):
+    for run in ("unreadable/rnnmon", "bad_description/rnnmon"):
+        for route in ("timeline", "summary"):
+            status, body = get(client, route, run=run)
+            assert status == 422 and "unreadable rnnmon data" in body and run in body
+    assert get(client, "timeline", run="long/rnnmon")[0] == 200
+    assert get(client, "runs")[0] == 200
+    status, body = get(client, "timeline", run="truncated/rnnmon")  # the tab reads the files: it sees the cut
+    assert status == 422 and "truncated" in body
+    runs = {run["run"]: run for run in get(client, "runs")[1]["runs"]}
+    assert "truncated" in runs["truncated/rnnmon"]["errors"][0] and not runs["long/rnnmon"]["errors"]
+
+
+def test_static_files_and_plotly_bundle(client):
+    response = client.get(ROUTE + "index.js")
+    assert response.status_code == 200 and response.mimetype == "text/javascript"
+    assert b"export async function render" in response.get_data()
+    for module in ("dom.js", "thresholds.js"):  # imported by index.js
+        response = client.get(ROUTE + module)
+        assert response.status_code == 200 and response.mimetype == "text/javascript"
+        assert b"export function" in response.get_data()
+    assert client.get(ROUTE + "style.css").mimetype == "text/css"
+    response = client.get(ROUTE + "plotly.min.js", headers={"Accept-Encoding": "gzip"})
+    assert response.headers["Content-Encoding"] == "gzip"
+    import plotly
+
+    bundle = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
+    with open(bundle, "rb") as f:
+        assert gzip.decompress(response.get_data()) == f.read()
+
+
+def test_listed_as_an_active_iframe_tab(client):
+    listing = client.get("/data/plugins_listing").get_json()["rnnmon"]
+    assert listing["enabled"] and listing["tab_name"] == "RNN Monitor"
+    assert listing["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/rnnmon/index.js"}
+
+
+# --- alert thresholds: GET /thresholds, POST /thresholds -------------------------------------------------------
+SAVE = {"X-Rnnmon-Request": "save"}
+RAISED = {"gpu_util_low": {"enabled": True, "pct": 80, "resolve_pct": 85, "for_s": 1.0},
+          "idle_gap": {"enabled": False, "min_s": 5.0}}
+
+
+def thresholds_client(logdir: str) -> werkzeug_test.Client:
+    """The plugin with TensorBoard's log directory `logdir` (it holds no runs; only the thresholds file matters)."""
+    provider = data_provider.MultiplexerDataProvider(plugin_event_multiplexer.EventMultiplexer(), logdir)
+    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=logdir, data_provider=provider))
+    return werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+
+
+def post(client, body, headers=SAVE, content_type="application/json", **kwargs):
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    response = client.post(ROUTE + "thresholds", data=data, headers=headers, content_type=content_type, **kwargs)
+    return response.status_code, (response.get_json() if response.is_json else response.get_data(as_text=True))
+
+
+class CountingStream(io.BytesIO):
+    """A request body that counts the bytes the server read from it."""
+
+    read_bytes = 0
+
+    def read(self, size=-1):
+        out = super().read(size)
+        self.read_bytes += len(out)
+        return out
+
+    def readinto(self, buffer):
+        count = super().readinto(buffer)
+        self.read_bytes += count
+        return count
+
+
+def test_thresholds_default_until_a_file_is_saved(tmp_path):
+    client = thresholds_client(str(tmp_path))
+    status, body = get(client, "thresholds")
+    assert status == 200
+    assert body["source"] == "defaults" and body["thresholds"] == Thresholds().to_dict()
+    assert body["path"] == str(tmp_path / THRESHOLDS_FILE)
+    assert body["writable"] and body["reason"] is None and body["error"] is None
+    assert body["defaults"] == Thresholds().to_dict()
+    assert os.listdir(tmp_path) == []  # reading, and checking that saving would work, writes nothing
+
+    saved = Thresholds.from_dict({"input_wait_high": {"pct": 40, "resolve_pct": 30}})
+    save_thresholds_file(tmp_path / THRESHOLDS_FILE, saved)
+    status, body = get(client, "thresholds")
+    assert body["source"] == "file" and body["thresholds"] == saved.to_dict()
+
+
+def test_thresholds_file_that_cannot_be_used_is_reported(tmp_path):
+    (tmp_path / THRESHOLDS_FILE).write_text('{"gpu_util_low": {"pct": 150}}')
+    status, body = get(thresholds_client(str(tmp_path)), "thresholds")
+    assert status == 200 and body["source"] == "defaults" and body["thresholds"] == Thresholds().to_dict()
+    assert "gpu_util_low.pct" in body["error"] and "150" in body["error"] and body["writable"]
+
+
+def test_post_saves_the_thresholds_file(tmp_path):
+    client = thresholds_client(str(tmp_path))
+    status, body = post(client, RAISED)
+    assert status == 200 and body["source"] == "file"
+    expected = Thresholds.from_dict(RAISED)
+    assert load_thresholds_file(tmp_path / THRESHOLDS_FILE) == expected  # what a monitor will load
+    assert body["thresholds"] == expected.to_dict() == get(client, "thresholds")[1]["thresholds"]
+    assert os.listdir(tmp_path) == [THRESHOLDS_FILE]  # one file, no temporary left behind
+    status, body = post(client, {}, headers={"x-rnnmon-request": "Save"})  # header names are case-insensitive
+    assert status == 200 and load_thresholds_file(tmp_path / THRESHOLDS_FILE) == Thresholds()
+
+
+@pytest.mark.parametrize(("body", "headers", "content_type", "code", "message"), [
+    (RAISED, {}, "application/json", 403, "needs the header X-Rnnmon-Request: save"),
+    (RAISED, {"X-Rnnmon-Request": "yes"}, "application/json", 403, "X-Rnnmon-Request"),
+    ("gpu_util_low=80", {}, "application/x-www-form-urlencoded", 403, "X-Rnnmon-Request"),  # a cross-site form
+    (RAISED, SAVE, "text/plain", 415, "takes JSON: send Content-Type: application/json. Received: text/plain"),
+    ("{not json", SAVE, "application/json", 400, "the body is not valid JSON"),
+    ({"gpu_util_low": {"pct": 80, "resolve_pct": 70}}, SAVE, "application/json", 400,
+     "gpu_util_low.resolve_pct must be in [80, 100] (at least pct). Received: 70"),
+    ({"gpu_util_low": {"pct": "high"}}, SAVE, "application/json", 400,
+     "gpu_util_low.pct must be a finite number. Received: 'high'"),
+    ({"step_time_regression": {"baseline_steps": 2.5}}, SAVE, "application/json", 400,
+     "step_time_regression.baseline_steps must be an integer. Received: 2.5"),
+    ({"gpu_util_high": {}}, SAVE, "application/json", 400, "Unknown key(s) in thresholds: gpu_util_high"),
+    ([1, 2], SAVE, "application/json", 400, "thresholds must be a JSON object. Received: [1, 2]"),
+])
+def test_post_refuses_and_writes_nothing(tmp_path, body, headers, content_type, code, message):
+    status, text = post(thresholds_client(str(tmp_path)), body, headers=headers, content_type=content_type)
+    assert status == code and message in text
+    assert os.listdir(tmp_path) == []
+
+
+def test_post_refuses_a_large_body_without_reading_it(tmp_path):
+    client = thresholds_client(str(tmp_path))
+    body = CountingStream(b" " * 1_000_000)
+    response = client.post(ROUTE + "thresholds", input_stream=body, headers=SAVE, content_type="application/json")
+    assert response.status_code == 413 and "at most 16384 bytes" in response.get_data(as_text=True)
+    assert body.read_bytes == 0  # refused on Content-Length alone
+    body = CountingStream(b" " * 1_000_000)  # chunked: no Content-Length, so read one byte past the limit
+    response = client.post(ROUTE + "thresholds", input_stream=body, content_type="application/json",
+                           headers={**SAVE, "Transfer-Encoding": "chunked"},
+                           environ_overrides={"wsgi.input_terminated": True})
+    assert response.status_code == 413 and body.read_bytes <= 16 * 1024 + 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_other_methods_are_405(tmp_path):
+    response = thresholds_client(str(tmp_path)).put(ROUTE + "thresholds", json=RAISED, headers=SAVE)
+    assert response.status_code == 405 and "POST" in response.headers["Allow"]
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A folder on a read-only file system (a tmpfs mounted `ro`), which stops root too; skipped without mount."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    mounted = shutil.which("mount") and os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("mounting a read-only tmpfs needs root with CAP_SYS_ADMIN")
+    try:
+        yield str(folder)
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("case", ["path_is_a_folder", "read_only_mount", "remote", "logdir_spec"])
+def test_unwritable_log_directory_is_reported_and_refused(tmp_path, request, case):
+    """Each case stops root too; `chmod 555` would not (root writes through it, and so may the tab)."""
+    if case == "path_is_a_folder":  # the atomic replace cannot put a file where a folder is
+        logdir, target = str(tmp_path), tmp_path / THRESHOLDS_FILE
+        target.mkdir()
+        reason = f"{target} exists and is not a file"
+    elif case == "read_only_mount":
+        logdir = request.getfixturevalue("read_only_mount")
+        reason = f"log directory is read-only: {logdir} (a read-only file system)"
+    elif case == "remote":
+        logdir, reason = "gs://bucket/runs", "log directory is not a local folder, so the tab does not write to it"
+    else:
+        logdir, reason = "", "it was started with --logdir_spec"
+    client = thresholds_client(logdir)
+    status, body = get(client, "thresholds")
+    assert status == 200 and not body["writable"] and reason in body["reason"]
+    assert body["source"] == "defaults" and body["thresholds"] == Thresholds().to_dict()
+    status, text = post(client, RAISED)
+    assert status == 409 and reason in text
+    if case == "path_is_a_folder":
+        assert os.listdir(tmp_path) == [THRESHOLDS_FILE] and os.listdir(target) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_a_write_that_fails_anyway_is_409():
+    """/proc passes every check (root may write there by its permission bits) but takes no new file."""
+    status, text = post(thresholds_client("/proc/self"), RAISED)
+    assert status == 409 and "/proc/self" in text
+
+
+# --- samples_per_plugin ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("logdir", "given", "expected"), [
+    ("gs://bucket/runs", {}, {"rnnmon": 0}),
+    ("", {"images": 5}, {"images": 5, "rnnmon": 0}),  # --logdir_spec
+    ("gs://bucket/runs", {"rnnmon": 10}, {"rnnmon": 10}),
+    ("runs", {"images": 5}, {"images": 5}),  # local: the tab reads the files, TensorBoard need not keep them
+])
+def test_loader_keeps_all_rnnmon_samples_where_the_tab_reads_the_provider(logdir, given, expected):
+    flags = argparse.Namespace(logdir=logdir, samples_per_plugin=dict(given))
+    RnnmonLoader().fix_flags(flags)
+    assert flags.samples_per_plugin == expected
+
+
+@pytest.mark.parametrize(("given", "expected"), [(5.0, 2.0), (30.0, 30.0), (0.5, 0.5)])
+def test_loader_reloads_every_2_s_unless_told_otherwise(given, expected):
+    flags = argparse.Namespace(samples_per_plugin={}, reload_interval=given)
+    RnnmonLoader().fix_flags(flags)
+    assert flags.reload_interval == expected
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def long_logdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("long")
+    write_gpu_run(str(root / "long" / "rnnmon"), CHUNKS)
+    return str(root)
+
+
+@pytest.mark.parametrize("flags", [
+    [],  # default flags: the Rust data server ("auto")
+    ["--load_fast=false"],  # the Python loader
+    ["--samples_per_plugin=rnnmon=10"],  # a local log directory: the tab reads the files, whatever TensorBoard keeps
+])
+def test_real_tensorboard_serves_every_chunk(long_logdir, flags):
+    port = _free_port()
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", long_logdir, "--port", str(port),
+               "--host", "127.0.0.1", *flags]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/data/plugin/rnnmon/timeline?run=long/rnnmon&points=20000"
+    try:
+        deadline, body = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url) as response:
+                    body = json.load(response)
+                if body["gpus"] and body["gpus"][0]["util"]["total"] >= CHUNKS * 12:
+                    break
+            except OSError:
+                pass  # not up yet, or the run is not loaded yet (404)
+            time.sleep(0.3)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert body is not None, "tensorboard never served the run"
+    assert body["gpus"][0]["util"]["total"] == CHUNKS * 12
+    assert body["steps"]["total"] == CHUNKS * 5 - 1  # the first step is the warm-up phase
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('{"gpu_util_low": {"pct": 1' + "0" * 400 + "}}", "gpu_util_low.pct must be a finite number"),
+    ("[" * 10_000 + "]" * 10_000, "nested too deeply"),
+    ('{"gpu_util_low": {"pct": ' + "[" * 3000 + "]" * 3000 + "}}", "nested too deeply"),
+])
+def test_post_huge_numbers_and_deep_nesting_are_400(tmp_path, body, message):
+    status, answer = post(thresholds_client(str(tmp_path)), body[:16_000])
+    assert status == 400 and message in answer, answer
+    assert not (tmp_path / THRESHOLDS_FILE).exists()
+
+
+def test_stale_save_is_409_and_writes_nothing(tmp_path):
+    client = thresholds_client(str(tmp_path))
+    loaded = get(client, "thresholds")[1]["version"]
+    assert loaded == "none"
+    status, first = post(client, RAISED, headers={**SAVE, "X-Rnnmon-Version": loaded})  # tab 1 saves
+    assert status == 200 and first["version"] != loaded
+    status, answer = post(client, {}, headers={**SAVE, "X-Rnnmon-Version": loaded})  # tab 2 edits the old one
+    assert status == 409 and "changed elsewhere" in answer
+    assert load_thresholds_file(tmp_path / THRESHOLDS_FILE) == Thresholds.from_dict(RAISED)
+    status, _ = post(client, {}, headers={**SAVE, "X-Rnnmon-Version": first["version"]})  # after a reload
+    assert status == 200
+
+
+@pytest.mark.parametrize(("headers", "allowed"), [
+    ({"Host": "evil.example"}, False),
+    ({"Host": "evil.example:6006"}, False),
+    ({"Host": "localhost:6006", "Origin": "http://evil.example"}, False),
+    ({"Host": "127.0.0.1:6006"}, True),
+    ({"Host": "[::1]:6006", "Origin": "http://[::1]:6006"}, True),
+    ({"Host": "localhost:6006", "Origin": "http://localhost:6006"}, True),
+])
+def test_save_checks_host_and_origin_against_dns_rebinding(tmp_path, headers, allowed):
+    status, answer = post(thresholds_client(str(tmp_path)), RAISED, headers={**SAVE, **headers})
+    assert (status == 200) == allowed, answer
+    assert (tmp_path / THRESHOLDS_FILE).exists() == allowed
+    if not allowed:
+        assert status == 403 and "refuses" in answer
+        assert ("RNNMON_ALLOWED_HOSTS" in answer) == ("Origin" not in headers)  # how to allow a host name
+
+
+def test_get_refuses_a_symlinked_file_without_echoing_it(tmp_path):
+    secret = tmp_path / "elsewhere.json"
+    secret.write_text(json.dumps({"token": "s3cr3t-value"}))
+    (tmp_path / THRESHOLDS_FILE).symlink_to(secret)
+    status, body = get(thresholds_client(str(tmp_path)), "thresholds")
+    assert status == 200 and "symbolic link" in body["error"] and body["source"] == "defaults"
+    assert "s3cr3t" not in json.dumps(body) and "token" not in json.dumps(body)

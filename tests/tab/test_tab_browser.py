@@ -1,0 +1,471 @@
+"""The rnnmon tab end to end: `rnnmon demo`, the real `tensorboard` with default flags, headless Chromium.
+
+Also the alert loop: thresholds saved in the tab reach a fit running in another process, whose alerts come back
+to the tab's chart and alert list. Screenshots go to artifacts/; `artifacts/tab_readme.png` is the
+README's picture: copy it to docs/tab.png to update that (a test run never writes into the checkout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+from conftest import ROOT, TESTS
+from synthetic_runs import write_gpu_run, write_unreadable_run
+
+from rnnmon.alerts.thresholds import THRESHOLDS_FILE, GpuUtilLow, Thresholds, load_thresholds_file, save_thresholds_file
+from rnnmon.format import schema
+from rnnmon.format.writer import SummaryWriter
+
+pytestmark = pytest.mark.browser
+sync_api = pytest.importorskip("playwright.sync_api")
+
+ARTIFACTS = os.path.join(ROOT, "artifacts")
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+PLOT = "document.getElementById('rm-plot')"
+GPU_RUN = "gpu <img src=x onerror=window.pwned=1>"  # markup in a run name must show as text, never run
+GPU_RUN_ALERTS = [  # (rule, device, start, end, value, threshold, message); times in seconds since the run began
+    ("gpu_util_low", 0, 14.0, 19.0, 12.5, 20.0, "GPU 0 utilization averaged 12.5% over the last 2 s (alert below "
+                                                "20%). The GPU is waiting on the host."),
+    ("input_wait_high", None, 62.0, None, 27.4, 20.0, "Input wait took 27.4% of step time <b>over</b> the last "
+                                                      "30 s (alert above 20%). Add .prefetch(tf.data.AUTOTUNE)."),
+]
+
+LIVE_FIT = textwrap.dedent("""
+    import os, sys, time
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import numpy as np, tensorflow as tf, keras, rnnmon
+
+    def slow(batch):
+        time.sleep(0.05)  # a slow input pipeline: about 20 steps per second
+        return batch
+
+    def stage(x, y):
+        out = tf.py_function(slow, [x], tf.float32)
+        out.set_shape(x.shape)
+        return out, y
+
+    x = np.random.default_rng(0).normal(size=(32 * 500, 16, 8)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :, :1].mean(axis=1))).batch(32).map(stage)
+    model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(data, epochs=1, verbose=0, callbacks=[rnnmon.UtilizationMonitor(sys.argv[1])])
+""")
+
+# A fit on a fake GPU busy 60% of the time, without py_function (whose pipeline can hang the interpreter's exit
+# when training stops mid-epoch): about 15 steps per second for up to a minute; the test kills it when done.
+THRESHOLDS_FIT = textwrap.dedent("""
+    import os, sys, time
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    sys.path.insert(0, sys.argv[2])
+    import numpy as np, tensorflow as tf, keras, rnnmon
+    from fake_nvml import FakeGpu, FakeNvmlLib, installed
+
+    class Pace(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.06)
+
+    x = np.random.default_rng(0).normal(size=(32 * 50, 16, 8)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :, :1].mean(axis=1))).repeat().batch(32)
+    model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    with installed(FakeNvmlLib([FakeGpu(utilization=60.0, pids=[os.getpid()])])):
+        monitor = rnnmon.UtilizationMonitor(sys.argv[1], thresholds={"gpu_util_low": {"for_s": 1.0}}, audit=False)
+        model.fit(data, epochs=1, steps_per_epoch=900, verbose=0, callbacks=[Pace(), monitor])
+""")
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tab")
+    subprocess.run([sys.executable, "-m", "rnnmon.cli", "demo", "--logdir", str(root)], check=True,
+                   capture_output=True, timeout=180)
+    start = time.time() - 200.0
+    write_gpu_run(str(root / GPU_RUN / "rnnmon"), 40, gpus=2, dip_at=100, start=start)
+    _write_alerts(str(root / GPU_RUN / "rnnmon"), start, GPU_RUN_ALERTS)
+    write_unreadable_run(str(root / "unreadable" / "rnnmon"))
+    for index, wait_s in ((0, 0.001), (1, 0.015)):  # two workers of one job; worker-1 waits for input
+        write_gpu_run(str(root / "job" / f"worker-{index}" / "rnnmon"), 20, start=start, wait_s=wait_s)
+    return root
+
+
+def _write_alerts(run_dir: str, start: float, alerts: list[tuple]) -> None:
+    """Alert events as a monitor records them: a firing event, then a resolved one for those that ended."""
+    writer = SummaryWriter(run_dir)
+    for rule, device, begin, end, value, threshold, message in alerts:
+        event = {"rule": rule, "device": device, "start": start + begin, "end": None, "value": value,
+                 "threshold": threshold, "message": message}
+        writer.json(schema.ALERTS_TAG, [{**event, "state": "firing"}])
+        if end is not None:
+            writer.json(schema.ALERTS_TAG, [{**event, "state": "resolved", "end": start + end, "message": "Resolved."}])
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def tensorboard(logdir):
+    with _tensorboard(str(logdir), active=True) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _tensorboard(logdir: str, active: bool):
+    """The real `tensorboard` with default flags, once /data/plugins_listing lists rnnmon (as `active`)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port),
+                               "--host", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while _rnnmon_listing(url) != active:
+            assert time.monotonic() < deadline and server.poll() is None, "tensorboard did not list rnnmon"
+            time.sleep(0.3)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _rnnmon_listing(url: str) -> bool | None:
+    """Whether rnnmon is listed as active; None while TensorBoard does not answer or does not list it."""
+    try:
+        with urllib.request.urlopen(f"{url}/data/plugins_listing") as response:
+            listing = json.load(response).get("rnnmon")
+    except OSError:
+        return None
+    return None if listing is None else bool(listing["enabled"])
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def tab(browser, tensorboard):
+    """The rnnmon tab's frame once it has drawn, with console errors (page and frames) and /timeline requests."""
+    page, frame, problems, timelines = _open_tab(browser, tensorboard)
+    try:
+        frame.wait_for_function(f"() => {PLOT} && {PLOT}.data && {PLOT}.data.length > 0", timeout=30_000)
+        yield page, frame, problems, timelines
+    finally:
+        page.close()
+
+
+def _open_tab(browser, url: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1250})
+    problems: list[str] = []
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    timelines: list[str] = []
+    page.on("request", lambda request: timelines.append(request.url) if "/rnnmon/timeline" in request.url else None)
+    page.goto(f"{url}/#rnnmon")
+    page.frame_locator("iframe").locator("#rm-plot").wait_for(state="attached", timeout=30_000)
+    return page, next(f for f in page.frames if "plugin_entry.html" in f.url), problems, timelines
+
+
+def _select(frame, run_a: str, run_b: str = "") -> None:
+    frame.select_option("#rm-run-a", run_a)
+    frame.select_option("#rm-run-b", run_b)
+    count = 2 if run_b else 1
+    frame.wait_for_function(
+        """([a, b, count]) => {
+            const cards = [...document.querySelectorAll('.rm-card')];
+            const names = cards.map((card) => card.dataset.run);
+            return cards.length === count && names[0] === a && (!b || names[1] === b)
+              && cards.every((card) => card.querySelector('.rm-steps, .rm-error'));
+        }""", arg=[run_a, run_b, count], timeout=30_000)
+    frame.wait_for_timeout(500)  # plotly finishes drawing
+
+
+def _route(url: str, route: str, **params) -> dict:
+    query = urllib.parse.urlencode(params)
+    with urllib.request.urlopen(f"{url}/data/plugin/rnnmon/{route}?{query}") as response:
+        return json.load(response)
+
+
+def _traces(frame) -> list[dict]:
+    return frame.evaluate(f"() => {PLOT}.data.map((t) => ({{name: t.name || '', x: t.xaxis || 'x', n: t.x.length}}))")
+
+
+def _screenshot(page, name: str) -> None:
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    page.screenshot(path=os.path.join(ARTIFACTS, name))
+
+
+def test_demo_runs_side_by_side(tab):
+    page, frame, problems, _ = tab
+    _select(frame, "input_bound/rnnmon", "tuned/rnnmon")
+    traces = _traces(frame)
+    for name in ("compute", "input wait", "host gap"):
+        assert len([t for t in traces if t["name"] == name]) == 2, name  # one per run
+    assert any(t["name"] == "idle: input pipeline" and t["n"] > 0 for t in traces)
+    assert any(t["name"] == "idle: validation" for t in traces)
+    assert not any("utilization" in t["name"] for t in traces)  # the demo runs on the CPU
+    annotations = frame.evaluate(f"() => {PLOT}.layout.annotations.map((a) => a.text)")
+    assert annotations.count("No GPU seen by NVML: bands are non-compute gaps from step timing") == 2
+    cards = frame.locator(".rm-card")
+    assert "input-bound" in cards.nth(0).inner_text() and "compute-bound" in cards.nth(1).inner_text()
+    # findings, most severe first, with their code and (for the first, open) their fix
+    input_bound, tuned = cards.nth(0), cards.nth(1)
+    codes = "(nodes) => nodes.map((node) => node.dataset.code)"
+    assert input_bound.locator(".rm-finding").evaluate_all(codes)[:3] == [
+        "INPUT_BOUND", "PIPELINE_SERIAL_MAP", "PIPELINE_PY_FUNCTION"]
+    text = input_bound.inner_text()
+    assert "INPUT_BOUND" in text and "Waiting for the input pipeline" in text and "Fix: " in text
+    assert "has no num_parallel_calls" in text and "PIPELINE_SERIAL_MAP" in text  # the serial map
+    assert "calls Python through EagerPyFunc" in text and "PIPELINE_PY_FUNCTION" in text  # the py_function
+    assert "INPUT_BOUND" not in tuned.inner_text() and "INPUT_BOUND" not in tuned.locator(".rm-finding").evaluate_all(
+        codes)
+    assert "No alerts in the runs shown" in frame.locator("#rm-alerts").inner_text()
+    assert frame.locator(".rm-steps").first.get_attribute("data-steps") == "256"
+    assert "finished" in cards.nth(0).locator(".rm-status").inner_text().lower()
+    _screenshot(page, "tab_demo.png")
+    docs = os.path.join(ARTIFACTS, "tab_readme.png")  # for the README: down to the end of the tab's content
+    bottom = page.locator("iframe").bounding_box()["y"] + frame.evaluate(
+        "() => document.querySelector('.rm-app').getBoundingClientRect().bottom")
+    viewport = page.viewport_size
+    page.screenshot(path=docs, clip={"x": 0, "y": 0, "width": viewport["width"],
+                                     "height": min(viewport["height"], bottom)})
+    assert os.path.getsize(docs) < 300_000
+    assert not problems
+
+
+def test_zoom_moves_every_subplot_and_refetches(tab):
+    page, frame, problems, timelines = tab
+    _select(frame, "input_bound/rnnmon", "tuned/rnnmon")
+    timelines.clear()
+    frame.evaluate(f"() => Plotly.relayout({PLOT}, {{'xaxis.range': [1.0, 2.0]}})")
+    frame.wait_for_function(f"() => {PLOT}.dataset.view === '1.000,2.000'", timeout=10_000)
+    ranges = frame.evaluate(f"""() => Object.entries({PLOT}._fullLayout)
+        .filter(([key]) => /^xaxis\\d*$/.test(key)).map(([, axis]) => axis.range)""")
+    assert len(ranges) == 6 and all(r == [1.0, 2.0] for r in ranges)  # 3 rows x 2 runs
+    assert len([u for u in timelines if "start=1.0000" in u and "end=2.0000" in u]) == 2
+    _screenshot(page, "tab_zoomed.png")
+    frame.click("text=Reset zoom")
+    frame.wait_for_function(f"() => {PLOT}.dataset.view === 'all'", timeout=10_000)
+    assert not problems
+
+
+def test_workers_of_a_job_side_by_side_with_the_straggler(tab):
+    page, frame, problems, _ = tab
+    _select(frame, "job/worker-1/rnnmon")
+    frame.wait_for_selector("#rm-workers:not([hidden]) tbody tr", timeout=30_000)
+    rows = frame.locator("#rm-workers tbody tr")
+    assert [rows.nth(i).get_attribute("data-worker") for i in range(rows.count())] == ["worker-0", "worker-1"]
+    assert "rm-alert-firing" in rows.nth(1).get_attribute("class")  # the straggler stands out
+    assert "STRAGGLER at worker-1" in frame.locator("#rm-workers .rm-straggler").inner_text()
+    _screenshot(page, "tab_workers.png")
+    _select(frame, "input_bound/rnnmon")  # not a worker: no table
+    frame.wait_for_selector("#rm-workers", state="hidden", timeout=30_000)
+    assert not problems
+
+
+def test_gpu_run_and_an_unreadable_run(tab, tensorboard):
+    page, frame, problems, _ = tab
+    _select(frame, f"{GPU_RUN}/rnnmon", "unreadable/rnnmon")
+    names = {t["name"] for t in _traces(frame)}
+    assert {"GPU 0 utilization", "GPU 1 utilization", "GPU 0 SM activity", "idle: input pipeline"} <= names
+    assert frame.evaluate(f"() => Math.min(...{PLOT}.data.find((t) => t.name === 'GPU 0 utilization').y)") == 0
+    # one utilization row per GPU, each with its own idle gaps, on the shared time axis (one column: y, y2, ...)
+    rows = frame.evaluate(f"""() => {PLOT}.data.filter((t) => / utilization$|^idle: /.test(t.name))
+        .map((t) => `${{t.name}} ${{t.yaxis}}`)""")
+    assert {"GPU 0 utilization y", "GPU 1 utilization y2", "idle: input pipeline y", "idle: input pipeline y2"} \
+        <= set(rows), rows
+    layout = frame.evaluate(f"""() => [{PLOT}._fullLayout.yaxis.title.text, {PLOT}._fullLayout.yaxis2.title.text,
+        {PLOT}.layout.xaxis2.matches]""")
+    assert layout == ["GPU 0 util (%)", "GPU 1 util (%)", "x"]
+    error = frame.locator(".rm-card").nth(1).locator(".rm-error")
+    assert "unreadable rnnmon data" in error.inner_text()
+    assert frame.locator(".rm-card").nth(0).locator(".rm-error").count() == 0
+    # names from the data are text: in the page, in the selector and in plotly's labels
+    assert frame.locator(".rm-card .rm-run").first.inner_text() == GPU_RUN
+    assert frame.locator("#rm-run-a option:checked").inner_text() == GPU_RUN
+    assert frame.locator(".rm-plot img").count() == 0 and frame.evaluate("() => window.pwned") is None
+    hover = frame.evaluate(f"() => {PLOT}.data.find((t) => t.name === 'GPU 0 utilization').hovertemplate")
+    assert "Fake GPU &lt;0&gt;" in hover
+    # alerts: bands across the column's rows, a lane above 100% with the hover text, and the list
+    run = f"{GPU_RUN}/rnnmon"
+    origin = _route(tensorboard, "timeline", run=run, points=10)["origin"]
+    first = _route(tensorboard, "summary", run=run)["alerts"][0]  # Unix seconds; the chart has seconds since origin
+    start, end = first["start"] - origin, first["end"] - origin
+    lane = frame.evaluate(f"() => {PLOT}.data.find((t) => t.name === 'alert')")
+    assert lane["xaxis"] == "x" and min(v for v in lane["y"] if v is not None) > 100
+    assert lane["x"][:3] == pytest.approx([start, (start + end) / 2, end], abs=1e-3) and end - start == 5.0
+    assert "<b>gpu_util_low</b> · GPU 0<br>12.5% (threshold 20%)" in lane["text"][0]
+    assert "&lt;b&gt;over&lt;/b&gt;" in lane["text"][4] and "end of data (unresolved)" in lane["text"][4]
+    bands = frame.evaluate(f"() => {PLOT}.layout.shapes.filter((s) => s.fillcolor === 'rgba(220, 38, 38, 0.09)')")
+    assert len(bands) == 2 and all(b["yref"] == "paper" and b["y1"] - b["y0"] == 1.0 for b in bands)
+    line = frame.evaluate(f"() => {PLOT}.layout.shapes.find((s) => s.name === 'gpu_util_low threshold')")
+    assert line["y0"] == line["y1"] == 20 and line["line"]["dash"] == "dash"  # the default: no file saved
+    rows = frame.locator("#rm-alerts tbody tr")
+    assert rows.count() == 2
+    newest, oldest = rows.nth(0), rows.nth(1)
+    assert newest.get_attribute("data-rule") == "input_wait_high"
+    assert "unresolved" in newest.inner_text().lower()  # open when the (finished) run stopped writing
+    assert "<b>over</b>" in newest.locator(".rm-alert-message").inner_text()  # markup from data is text
+    cells = oldest.locator("td").all_inner_texts()
+    assert cells[0] == GPU_RUN and cells[1:3] == ["gpu_util_low", "GPU 0"] and cells[5:7] == ["12.5%", "20%"]
+    assert cells[3].endswith(f"{start:.1f} s") and cells[4].endswith(f"{end:.1f} s")
+    assert frame.locator("#rm-alerts b, #rm-alerts img").count() == 0
+    _screenshot(page, "tab_gpu_and_error.png")
+    assert not [p for p in problems if "422" not in p]  # the unreadable run's 422 answer is expected
+
+
+def test_live_run_updates_without_reload(tab, logdir, tmp_path):
+    page, frame, problems, _ = tab
+    script = tmp_path / "live_fit.py"
+    script.write_text(LIVE_FIT)
+    fit = subprocess.Popen([sys.executable, str(script), str(logdir / "live")], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        frame.evaluate("() => { window.rnnmonNoReload = true; }")
+        frame.wait_for_function("() => [...document.querySelectorAll('#rm-run-a option')]"
+                                ".some((o) => o.value === 'live/rnnmon')", timeout=40_000)
+        _select(frame, "live/rnnmon")
+        steps = frame.locator(".rm-steps")
+        lags = []
+        for _ in range(3):  # three updates, each within 10 s of the newest step it shows
+            shown = int(steps.get_attribute("data-steps"))
+            frame.wait_for_function(f"() => Number(document.querySelector('.rm-steps').dataset.steps) > {shown}",
+                                    timeout=15_000)
+            lags.append(time.time() - float(frame.evaluate(f"() => {PLOT}.dataset.newest")))
+        print("live lags (s):", [round(lag, 1) for lag in lags])
+        assert max(lags) < 10.0
+        assert frame.locator(".rm-status").inner_text().lower().endswith("live")
+        assert frame.evaluate("() => window.rnnmonNoReload") is True
+        _screenshot(page, "tab_live.png")
+    finally:
+        fit.terminate()
+        fit.wait(timeout=30)
+    assert not problems
+
+
+def test_thresholds_saved_in_the_tab_reach_a_running_fit(tab, logdir, tensorboard, tmp_path):
+    """Save gpu_util_low 80% in the panel; the fit (60% busy, quiet under the default 20%) fires within seconds."""
+    page, frame, problems, _ = tab
+    run, saved = "live_thresholds/rnnmon", logdir / THRESHOLDS_FILE
+    script, log = tmp_path / "thresholds_fit.py", tmp_path / "thresholds_fit.log"
+    script.write_text(THRESHOLDS_FIT)
+    with open(log, "w") as stderr:
+        fit = subprocess.Popen([sys.executable, str(script), str(logdir / "live_thresholds"), TESTS],
+                               stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        frame.wait_for_function(f"() => [...document.querySelectorAll('#rm-run-a option')]"
+                                f".some((o) => o.value === '{run}')", timeout=40_000)
+        _select(frame, run)
+        frame.wait_for_function("() => Number(document.querySelector('.rm-steps').dataset.steps) > 40",
+                                timeout=20_000)
+        assert not [a for a in _route(tensorboard, "summary", run=run)["alerts"] if a["rule"] == "gpu_util_low"]
+
+        frame.click("#rm-thresholds-toggle")
+        status = frame.locator("#rm-thresholds-status")
+        frame.fill('[data-field="gpu_util_low.pct"]', "80")
+        frame.fill('[data-field="gpu_util_low.resolve_pct"]', "70")  # below pct: the server says why not
+        frame.click("#rm-thresholds-save")
+        frame.locator("#rm-thresholds .rm-th-problem").wait_for(timeout=10_000)
+        message = "gpu_util_low.resolve_pct must be in [80, 100] (at least pct). Received: 70"
+        assert message in status.inner_text() and message in frame.locator(".rm-th-problem").inner_text()
+        assert frame.locator('[data-field="gpu_util_low.resolve_pct"]').get_attribute("aria-invalid") == "true"
+        assert not saved.exists()
+        _screenshot(page, "tab_thresholds_error.png")
+
+        frame.fill('[data-field="gpu_util_low.resolve_pct"]', "85")
+        frame.fill('[data-field="gpu_util_low.for_s"]', "1")
+        frame.click("#rm-thresholds-save")
+        frame.wait_for_function("() => document.querySelector('#rm-thresholds-status').textContent.startsWith('Saved')",
+                                timeout=10_000)
+        saved_at = time.monotonic()
+        assert load_thresholds_file(saved).gpu_util_low == GpuUtilLow(pct=80, resolve_pct=85, for_s=1)
+        assert frame.locator(".rm-th-source").inner_text().lower() == "saved file"
+        _screenshot(page, "tab_thresholds.png")
+
+        frame.wait_for_function("""() => [...document.querySelectorAll('#rm-alerts tbody tr')]
+            .some((row) => row.dataset.rule === 'gpu_util_low' && row.dataset.threshold === '80')""", timeout=20_000)
+        print(f"saved to alert in the tab: {time.monotonic() - saved_at:.1f} s")
+        assert frame.locator('#rm-alerts tbody tr[data-rule="gpu_util_low"]').first.get_attribute("data-firing") == "1"
+        assert time.monotonic() - saved_at < 15.0
+        (alert,) = [a for a in _route(tensorboard, "summary", run=run)["alerts"] if a["rule"] == "gpu_util_low"]
+        assert alert["threshold"] == 80 and alert["device"] == 0 and alert["value"] == pytest.approx(60, abs=1)
+        assert "alert thresholds now come from" in log.read_text()
+        line = frame.evaluate(f"() => {PLOT}.layout.shapes.find((s) => s.name === 'gpu_util_low threshold')")
+        assert line["y0"] == 80  # the line follows the saved thresholds
+        assert frame.evaluate(f"() => {PLOT}.data.some((t) => t.name === 'alert')")
+        frame.click("#rm-thresholds-toggle")  # closed: the chart and the list in view
+        frame.wait_for_timeout(300)
+        _screenshot(page, "tab_alerts.png")
+    finally:
+        fit.kill()  # never wait for a TensorFlow process to exit by itself
+        fit.wait(timeout=30)
+        saved.unlink(missing_ok=True)
+    assert not [p for p in problems if "400" not in p]  # the refused save's answer is expected
+
+
+def test_read_only_logdir_turns_saving_off(browser, tmp_path):
+    (tmp_path / THRESHOLDS_FILE).mkdir()  # no file can replace a folder, not even root's: honestly unwritable
+    with _tensorboard(str(tmp_path), active=False) as url:
+        page, frame, problems, _ = _open_tab(browser, url)
+        try:
+            frame.click("#rm-thresholds-toggle")  # there even before any run: thresholds can be set up front
+            notice = frame.locator(".rm-th-notice")
+            notice.wait_for(state="visible", timeout=30_000)
+            assert "Saving is off" in notice.inner_text() and "exists and is not a file" in notice.inner_text()
+            assert frame.locator("#rm-thresholds-save").is_disabled()
+            assert frame.locator('[data-field="gpu_util_low.pct"]').is_disabled()
+            _screenshot(page, "tab_thresholds_read_only.png")
+            assert not problems
+        finally:
+            page.close()
+
+
+def test_empty_logdir_explains_how_to_add_the_callback(browser, tmp_path):
+    with _tensorboard(str(tmp_path), active=False) as url:
+        page, frame, problems, _ = _open_tab(browser, url)
+        try:
+            message = frame.locator(".rm-message")
+            message.wait_for(state="visible", timeout=30_000)
+            assert "No rnnmon data" in message.inner_text()
+            assert "rnnmon.UtilizationMonitor(" in message.locator("pre").inner_text()
+            assert frame.locator(".rm-controls").is_hidden()
+            _screenshot(page, "tab_empty.png")
+            assert not problems
+        finally:
+            page.close()
+
+
+def test_stale_save_says_changed_elsewhere(browser, tmp_path):
+    """Two tabs: the other one saved after this one loaded; this one's save is a 409, shown as such."""
+    with _tensorboard(str(tmp_path), active=False) as url:
+        page, frame, problems, _ = _open_tab(browser, url)
+        try:
+            frame.click("#rm-thresholds-toggle")
+            frame.locator('[data-field="gpu_util_low.pct"]').wait_for(state="visible", timeout=30_000)
+            other_tab = Thresholds.from_dict({"gpu_util_low": {"pct": 50, "resolve_pct": 60}})
+            save_thresholds_file(tmp_path / THRESHOLDS_FILE, other_tab)
+            frame.fill('[data-field="gpu_util_low.for_s"]', "5")
+            frame.click("#rm-thresholds-save")
+            status = frame.locator("#rm-thresholds-status")
+            frame.wait_for_function("() => /changed elsewhere/.test("
+                                    "document.querySelector('#rm-thresholds-status').textContent)", timeout=10_000)
+            assert "reload" in status.inner_text()
+            assert load_thresholds_file(tmp_path / THRESHOLDS_FILE).gpu_util_low.pct == 50  # not overwritten
+            assert not [p for p in problems if "409" not in p]
+        finally:
+            page.close()
