@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import TESTS, read_run, run_status, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
-from test_gpu_sampling import IdleWindows
+from idle_windows import IdleWindows
 
 from rnnmon import UtilizationMonitor
 from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, save_thresholds_file

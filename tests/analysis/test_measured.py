@@ -9,7 +9,7 @@ import keras
 import pytest
 from conftest import BATCH, read_run, sequences, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed, library_missing
-from test_gpu_sampling import IdleWindows, MarkEvaluation
+from idle_windows import IdleWindows, MarkEvaluation
 
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize

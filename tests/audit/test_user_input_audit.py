@@ -136,7 +136,7 @@ def test_py_dataset_with_workers_gets_no_pipeline_advice(tmp_path, use_multiproc
 SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np, keras, rnnmon
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {here!r}]
     from conftest import tiny_model
     from test_user_input_audit import Batches, _generator, _tf_data
 
@@ -155,7 +155,7 @@ def test_other_backends_audit_the_users_input(tmp_path, backend):
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"{backend} is not installed")
     env = {**os.environ, "KERAS_BACKEND": backend}
-    script = SCRIPT.format(tests=TESTS, logdir=str(tmp_path))
+    script = SCRIPT.format(tests=TESTS, here=os.path.dirname(os.path.abspath(__file__)), logdir=str(tmp_path))
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     logdirs = json.loads(result.stdout.strip().splitlines()[-1])

@@ -5,44 +5,15 @@ from __future__ import annotations
 import os
 import time
 
-import keras
 import numpy as np
 import pytest
 from conftest import read_run, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
+from idle_windows import IdleWindows, MarkEvaluation
 
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
-
-
-class IdleWindows:
-    """Host-time windows in which the fake GPU reports 0% utilization."""
-
-    def __init__(self) -> None:
-        self.windows: list[list[float | None]] = []
-
-    def open(self) -> None:
-        self.windows.append([time.time(), None])
-
-    def close(self) -> None:
-        self.windows[-1][1] = time.time()
-
-    def utilization(self, t: float) -> float:
-        idle = any(start <= t and (end is None or t <= end) for start, end in self.windows)
-        return 0.0 if idle else 90.0
-
-
-class MarkEvaluation(keras.callbacks.Callback):
-    def __init__(self, windows: IdleWindows) -> None:
-        super().__init__()
-        self.windows = windows
-
-    def on_test_begin(self, logs=None):
-        self.windows.open()
-
-    def on_test_end(self, logs=None):
-        self.windows.close()
 
 
 def _stall_at(index: int, seconds: float, windows: IdleWindows):
