@@ -1,30 +1,23 @@
-"""Alert thresholds: one frozen group per rule, validated on construction, stored as JSON in the log directory.
+"""Alert thresholds: one frozen group per rule, validated on construction, plain JSON both ways.
 
 Each rule has `enabled`, the value that fires it, the value that resolves it (the gap between the two is the
 hysteresis that stops an alert from flapping), and `for_s`, the trailing window its value is measured over.
-`from_dict` fills missing keys with defaults and rejects unknown ones; `to_dict` is plain JSON. The TensorBoard
-tab saves the thresholds to `THRESHOLDS_FILE` at the root of the log directory.
+`from_dict` fills missing keys with defaults and rejects unknown ones; `to_dict` is plain JSON. The file the
+TensorBoard tab saves them in is rnnmon.alerts.thresholds_file.
 
 Example:
     >>> thresholds = Thresholds.from_dict({"gpu_util_low": {"pct": 10, "resolve_pct": 15}})
     >>> thresholds.gpu_util_low.for_s
     60.0
-    >>> save_thresholds_file(os.path.join(log_dir, THRESHOLDS_FILE), thresholds)
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import math
-import os
-import stat
-import tempfile
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-THRESHOLDS_FILE = "rnnmon_thresholds.json"
 THROTTLE_REASONS: dict[str, int] = {  # pynvml.nvmlClocksEventReason* bits that mean thermal or power throttling
     "sw_power_cap": 0x4,
     "hw_slowdown": 0x8,
@@ -195,74 +188,6 @@ class Thresholds:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {rule: {key: list(value) if isinstance(value, tuple) else value for key, value in group.items()}
                 for rule, group in dataclasses.asdict(self).items()}
-
-
-MAX_FILE_BYTES = 16 << 10  # a saved file is ~1.5 KiB
-
-
-def read_thresholds_text(path: str | os.PathLike[str]) -> str | None:
-    """The text of the thresholds file at `path`, or None when there is none.
-
-    Only a regular file, not a symlink, owned by this user or root, of at most `MAX_FILE_BYTES`, is read
-    (opened without following links and without blocking, so a FIFO never hangs); anything else raises
-    ValueError naming the reason, never the content.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        if os.path.islink(path):
-            raise ValueError(f"{os.fspath(path)} is a symbolic link; only a regular file is read") from None
-        raise ValueError(f"{os.fspath(path)} cannot be opened: {error.strerror}") from None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{os.fspath(path)} is not a regular file")
-        if info.st_uid not in (os.getuid(), 0):
-            raise ValueError(f"{os.fspath(path)} belongs to another user (uid {info.st_uid}); only files of this "
-                             f"user or root are followed")
-        data = file.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"{os.fspath(path)} is larger than {MAX_FILE_BYTES} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{os.fspath(path)} is not UTF-8 text") from None
-
-
-def load_thresholds_file(path: str | os.PathLike[str]) -> Thresholds | None:
-    """The thresholds saved at `path`, or None when there is no file; a bad or unsafe file raises ValueError."""
-    text = read_thresholds_text(path)
-    if text is None:
-        return None
-    try:
-        return Thresholds.from_dict(json.loads(text))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{os.fspath(path)} is not valid JSON: {error}") from None
-    except RecursionError:
-        raise ValueError(f"{os.fspath(path)} is nested too deeply") from None
-    except ValueError as error:
-        raise ValueError(f"{os.fspath(path)}: {error}") from None
-
-
-def save_thresholds_file(path: str | os.PathLike[str], thresholds: Thresholds) -> None:
-    """Write `thresholds` to `path` atomically: readers see the old file or the new one, never a part."""
-    text = json.dumps(thresholds.to_dict(), indent=2) + "\n"
-    fd, temp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".rnnmon_thresholds.",
-                                suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temp, 0o644)  # mkstemp makes it private; TensorBoard may run as another user
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
 
 
 def _check_flag(group: Any, key: str) -> None:

@@ -1,8 +1,9 @@
 """The tab's alert thresholds: one JSON file at the root of TensorBoard's log directory, read and saved.
 
-The file is `rnnmon.alerts.thresholds.THRESHOLDS_FILE`. A running monitor looks for it in its own log directory and up
-to three folders above, and switches to it within one flush (see `rnnmon.alerts.delivery`), so saving it here reaches
-every run up to three folders below the root.
+The file is `rnnmon.alerts.thresholds_file`'s: a running monitor looks for it in its own log directory and up to
+`LEVELS_UP` folders above, and switches to it within one flush (see `rnnmon.alerts.delivery`), so saving it here
+reaches every run up to that many folders below the root. What is the tab's own is here: where it saves, the
+version a save must edit (two tabs never undo each other's edits), and why saving may be off.
 
 Saving is the only write the plugin ever does, so checking whether it can save writes nothing: it is refused, with
 the reason, for a log directory that is not a local folder (`gs://...`), for TensorBoard started with
@@ -26,13 +27,8 @@ import os
 import threading
 from typing import Any
 
-from rnnmon.alerts.thresholds import (
-    MAX_FILE_BYTES,
-    THRESHOLDS_FILE,
-    Thresholds,
-    load_thresholds_file,
-    save_thresholds_file,
-)
+from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.alerts.thresholds_file import MAX_FILE_BYTES, THRESHOLDS_FILE, load_thresholds_file, save_thresholds_file
 
 
 class NotWritableError(Exception):

@@ -31,7 +31,8 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
 from rnnmon import UtilizationMonitor
-from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, load_thresholds_file, save_thresholds_file
+from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.alerts.thresholds_file import THRESHOLDS_FILE, load_thresholds_file, save_thresholds_file
 from rnnmon.analysis.summary import summarize
 from rnnmon.format.reader import open_logdir, read_runs
 
