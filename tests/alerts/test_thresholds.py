@@ -80,3 +80,32 @@ def test_unknown_keys_list_the_valid_ones() -> None:
 def test_groups_validate_when_built_directly() -> None:
     with pytest.raises(ValueError, match=r"gpu_util_low\.pct must be in"):
         GpuUtilLow(pct=-1)
+
+
+def test_the_schema_lists_every_key_with_the_bounds_its_check_applies() -> None:
+    """What the tab's form is built from is what from_dict enforces: a value just past a served bound is refused."""
+    defaults = Thresholds().to_dict()
+    for rule, spec in Thresholds.schema().items():
+        assert spec["unit"] == type(getattr(Thresholds(), rule)).UNIT and spec["label"] and spec["help"]
+        assert [key["key"] for key in spec["keys"]] == list(defaults[rule])
+        for key in spec["keys"]:
+            for bad in _past_the_bounds(key, defaults[rule]):
+                with pytest.raises(ValueError, match=rf"^{rule}\.{key['key']} must be"):
+                    Thresholds.from_dict({rule: {key["key"]: bad}})
+
+
+def _past_the_bounds(key: dict[str, Any], values: dict[str, Any]) -> list[Any]:
+    """Values of the wrong kind or just outside the key's bounds (a bound naming a key is that key's value)."""
+    if key["kind"] == "flag":
+        return ["yes"]
+    if key["kind"] == "names":
+        return [[*key["choices"], "gpu_idle"], key["choices"][0]]
+    bound = {side: values[key[side]] if isinstance(key[side], str) else key[side] for side in ("low", "high")}
+    bad: list[Any] = ["1"]
+    if key["kind"] == "integer":
+        bad.append(bound["low"] + 0.5)
+    if bound["low"] is not None:
+        bad.append(bound["low"] if key["low_open"] else bound["low"] - 0.5)
+    if bound["high"] is not None:
+        bad.append(bound["high"] + 0.5)
+    return bad
