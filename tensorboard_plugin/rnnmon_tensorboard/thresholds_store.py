@@ -28,7 +28,13 @@ import threading
 from typing import Any
 
 from rnnmon.alerts.thresholds import Thresholds
-from rnnmon.alerts.thresholds_file import MAX_FILE_BYTES, THRESHOLDS_FILE, load_thresholds_file, save_thresholds_file
+from rnnmon.alerts.thresholds_file import (
+    LEVELS_UP,
+    MAX_FILE_BYTES,
+    THRESHOLDS_FILE,
+    load_thresholds_file,
+    save_thresholds_file,
+)
 
 
 class NotWritableError(Exception):
@@ -54,7 +60,8 @@ class ThresholdsStore:
             self.path = f"{self.logdir.rstrip('/')}/{THRESHOLDS_FILE}" if self.logdir else None
 
     def read(self) -> dict[str, Any]:
-        """The `GET /thresholds` answer: the saved thresholds (or the defaults), where, and whether saving works."""
+        """The `GET /thresholds` answer: the saved thresholds (or the defaults), where, whether saving works, and
+        what the tab's form is built from: the rules' schema and how far the file reaches."""
         thresholds, source, error = Thresholds(), "defaults", None
         if self.local and os.path.isfile(self.path):  # never open a folder or a FIFO here (a FIFO would block)
             try:
@@ -66,7 +73,8 @@ class ThresholdsStore:
                     thresholds, source = saved, "file"
         reason = self.unwritable_reason()
         return {"thresholds": thresholds.to_dict(), "source": source, "path": self.path, "writable": reason is None,
-                "reason": reason, "error": error, "defaults": Thresholds().to_dict(), "version": self.version()}
+                "reason": reason, "error": error, "defaults": Thresholds().to_dict(), "version": self.version(),
+                "rules": Thresholds.schema(), "levels_up": LEVELS_UP, "file_name": THRESHOLDS_FILE}
 
     def version(self) -> str:
         """What a save must say it edits: a digest of the file's bytes, or "none" while there is no file."""

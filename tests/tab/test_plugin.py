@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -32,8 +33,16 @@ from werkzeug import test as werkzeug_test
 
 from rnnmon import UtilizationMonitor
 from rnnmon.alerts.thresholds import Thresholds
-from rnnmon.alerts.thresholds_file import THRESHOLDS_FILE, load_thresholds_file, save_thresholds_file
+from rnnmon.alerts.thresholds_file import (
+    LEVELS_UP,
+    THRESHOLDS_FILE,
+    load_thresholds_file,
+    save_thresholds_file,
+    thresholds_files,
+)
+from rnnmon.analysis.stragglers import WORKER_RUN, worker_of
 from rnnmon.analysis.summary import summarize
+from rnnmon.capture.workers import worker_name
 from rnnmon.format.reader import open_logdir, read_runs
 
 ROUTE = "/data/plugin/rnnmon/"
@@ -161,6 +170,18 @@ def test_runs_lists_every_run_with_status(client):
     assert runs["cpu_fit"]["run"] == "cpu_fit/rnnmon"
     assert runs["cpu_fit"]["status"] == "finished" and not runs["cpu_fit"]["live"]
     assert runs["bad_description"]["errors"] and not runs["cpu_fit"]["errors"]
+
+
+def test_runs_serve_the_worker_run_pattern_python_recognises(client):
+    """The tab asks /workers for the runs this pattern matches: the runs worker_of takes for a job's workers."""
+    pattern = get(client, "runs")[1]["worker_run_pattern"]
+    assert pattern == WORKER_RUN.pattern
+    tasks = [json.dumps({"cluster": {}, "task": {"type": kind, "index": index}})
+             for kind, index in (("worker", 1), ("chief", 0), ("evaluator", 0), ("worker", 12))]
+    written = [f"job/{worker_name({'TF_CONFIG': task})}/rnnmon" for task in tasks]  # where monitors write
+    others = ["exp1/rnnmon", "worker-1x/rnnmon", "myworker-1/rnnmon", "job/worker-1/rnnmon/rnnmon", "rnnmon"]
+    for run in [*written, "process-3/rnnmon", *others]:
+        assert bool(re.search(pattern, run)) == (worker_of(run) is not None) == (run not in others), run
 
 
 def test_running_run_is_live_then_stalled(tmp_path, monkeypatch):
@@ -364,6 +385,18 @@ def test_thresholds_file_that_cannot_be_used_is_reported(tmp_path):
     status, body = get(thresholds_client(str(tmp_path)), "thresholds")
     assert status == 200 and body["source"] == "defaults" and body["thresholds"] == Thresholds().to_dict()
     assert "gpu_util_low.pct" in body["error"] and "150" in body["error"] and body["writable"]
+
+
+def test_thresholds_serve_the_rule_schema_and_the_reach_python_declares(tmp_path):
+    body = get(thresholds_client(str(tmp_path)), "thresholds")[1]
+    assert body["rules"] == json.loads(json.dumps(Thresholds.schema()))
+    assert [key["key"] for key in body["rules"]["step_time_regression"]["keys"]] == [
+        "enabled", "ratio", "resolve_ratio", "baseline_steps", "for_s"]
+    assert body["rules"]["idle_gap"]["unit"] == " s" and body["rules"]["gpu_throttled"]["keys"][-1]["choices"] == [
+        "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"]
+    followed = thresholds_files(str(tmp_path / "a" / "b" / "c" / "d"), root=str(tmp_path))  # d, c, b, a: not the root
+    assert body["levels_up"] == LEVELS_UP == len(followed) - 1
+    assert body["file_name"] == THRESHOLDS_FILE == os.path.basename(body["path"])
 
 
 def test_post_saves_the_thresholds_file(tmp_path):
