@@ -305,11 +305,21 @@ def test_unreadable_run_fails_alone(client):
     assert "truncated" in runs["truncated/rnnmon"]["errors"][0] and not runs["long/rnnmon"]["errors"]
 
 
+def _scripts() -> dict[str, str]:
+    """The tab's JavaScript modules by name."""
+    folder = plugin_module.STATIC_DIR
+    return {name: open(os.path.join(folder, name), encoding="utf-8").read()
+            for name in os.listdir(folder) if name.endswith(".js")}
+
+
 def test_static_files_and_plotly_bundle(client):
     response = client.get(ROUTE + "index.js")
     assert response.status_code == 200 and response.mimetype == "text/javascript"
     assert b"export async function render" in response.get_data()
-    for module in ("dom.js", "thresholds.js"):  # imported by index.js
+    scripts = _scripts()
+    imported = {name for text in scripts.values() for name in re.findall(r'from\s+"\./([\w.]+)"', text)}
+    assert imported == set(scripts) - {"index.js"}  # each module is imported by another, and is there
+    for module in imported:
         response = client.get(ROUTE + module)
         assert response.status_code == 200 and response.mimetype == "text/javascript"
         assert b"export function" in response.get_data()
@@ -321,6 +331,18 @@ def test_static_files_and_plotly_bundle(client):
     bundle = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
     with open(bundle, "rb") as f:
         assert gzip.decompress(response.get_data()) == f.read()
+
+
+def test_no_javascript_copies_what_the_routes_serve():
+    """The worker-run pattern, the thresholds file's name and reach, the rules and the verdict's advice come from the
+    routes; no module of the tab keeps its own copy."""
+    rules = Thresholds.schema()
+    copies = ["WORKER_RUN", "evaluator", "REACH_LEVELS", THRESHOLDS_FILE, "VERDICT_ADVICE", '"input-bound"',
+              *(spec["label"] for spec in rules.values()), *(spec["help"] for spec in rules.values())]
+    for name, text in _scripts().items():
+        assert [copy for copy in copies if copy in text] == [], name
+        named = [rule for rule in rules if rule in text]
+        assert len(named) <= 1, (name, named)  # chart.js draws gpu_util_low's line; a table would name them all
 
 
 def test_listed_as_an_active_iframe_tab(client):
