@@ -1,7 +1,8 @@
 """Acting on alerts: rules are judged on every chunk, and each alert is logged, recorded and handed on.
 
 Runs on rnnmon's background thread. Thresholds come from the callback, and a thresholds file saved by the
-TensorBoard tab in the run's log directory (or up to three levels above it) replaces them within one flush.
+TensorBoard tab in the run's log directory or a few folders above it (see rnnmon.alerts.thresholds_file)
+replaces them within one flush.
 
 Example:
     >>> alerting = Alerting(Thresholds(), log_dir="runs/exp1", writer=writer, wall_offset_s=offset)
@@ -13,46 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
-import tempfile
 from collections.abc import Callable
 
 from rnnmon.alerts.rules import AlertEngine, AlertEvent
-from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, load_thresholds_file
+from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.alerts.thresholds_file import load_thresholds_file, thresholds_files
 from rnnmon.format import schema
 from rnnmon.format.writer import SummaryWriter
 
 LOG = logging.getLogger("rnnmon")
-_LEVELS_UP = 3
-
-
-def thresholds_files(log_dir: str, root: str | None = None) -> list[str]:
-    """Where a saved thresholds file applies to `log_dir`, nearest first.
-
-    `log_dir` and up to three folders above it, never above `root` (when given, and `log_dir` is inside it),
-    and never a shared one: the system's temp directory or any folder everyone may write to, where another
-    user could plant a file.
-    """
-    folder = os.path.abspath(log_dir)
-    top = os.path.abspath(root) if root is not None else None
-    if top is not None and os.path.commonpath([folder, top]) != top:
-        top = folder
-    shared = os.path.realpath(tempfile.gettempdir())
-    paths = [os.path.join(folder, THRESHOLDS_FILE)]
-    for _ in range(_LEVELS_UP):
-        parent = os.path.dirname(folder)
-        if parent == folder or folder == top or _shared(parent, shared):
-            break
-        folder = parent
-        paths.append(os.path.join(folder, THRESHOLDS_FILE))
-    return paths
-
-
-def _shared(folder: str, temp_dir: str) -> bool:
-    try:
-        return os.path.realpath(folder) == temp_dir or bool(os.stat(folder).st_mode & stat.S_IWOTH)
-    except OSError:  # not there (yet)
-        return False
 
 
 class Alerting:

@@ -49,8 +49,6 @@ _MEMORY_USED = STAT_COLUMNS.index("memory_used_mib")
 _MEMORY_TOTAL = STAT_COLUMNS.index("memory_total_mib")
 _REASONS = STAT_COLUMNS.index("clocks_event_reasons")
 
-_UNITS = {"gpu_util_low": "%", "input_wait_high": "%", "step_time_high": " ms",
-          "step_time_regression": "×", "gpu_memory_high": "%", "gpu_throttled": "%"}
 _ADVICE = {
     "gpu_util_low": "The GPU is waiting on the host: see the input-wait and idle-gap alerts; otherwise raise the "
                     "batch size or steps_per_execution, and keep LSTM/GRU layers on the cuDNN kernel.",
@@ -340,7 +338,7 @@ class AlertEngine:
                resolve_at: float, describe: Callable[[float], str], *, high: bool = True) -> None:
         """Fire when `value` is past `fire_at` (above it if `high`, else below); resolve once back at `resolve_at`."""
         sign = 1.0 if high else -1.0
-        unit = _UNITS[rule]
+        unit = getattr(self._thresholds, rule).UNIT
         alert = self._open.get((rule, device))
         if alert is None:
             if sign * value > sign * fire_at:

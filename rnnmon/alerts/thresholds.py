@@ -1,30 +1,26 @@
-"""Alert thresholds: one frozen group per rule, validated on construction, stored as JSON in the log directory.
+"""Alert thresholds: one frozen group per rule, validated on construction, plain JSON both ways.
 
 Each rule has `enabled`, the value that fires it, the value that resolves it (the gap between the two is the
 hysteresis that stops an alert from flapping), and `for_s`, the trailing window its value is measured over.
-`from_dict` fills missing keys with defaults and rejects unknown ones; `to_dict` is plain JSON. The TensorBoard
-tab saves the thresholds to `THRESHOLDS_FILE` at the root of the log directory.
+`from_dict` fills missing keys with defaults and rejects unknown ones; `to_dict` is plain JSON. Every key is
+declared once, with its `Key`: the check on construction and the tab's form (`Thresholds.schema()`, served by
+`GET /thresholds`) both read it. The file the TensorBoard tab saves them in is rnnmon.alerts.thresholds_file.
 
 Example:
     >>> thresholds = Thresholds.from_dict({"gpu_util_low": {"pct": 10, "resolve_pct": 15}})
     >>> thresholds.gpu_util_low.for_s
     60.0
-    >>> save_thresholds_file(os.path.join(log_dir, THRESHOLDS_FILE), thresholds)
+    >>> Thresholds.schema()["gpu_util_low"]["keys"][1]
+    {'key': 'pct', 'role': 'fire', 'words': 'below', 'unit': '%', 'kind': 'number', 'low': 0, 'high': 100, ...}
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import math
-import os
-import stat
-import tempfile
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-THRESHOLDS_FILE = "rnnmon_thresholds.json"
 THROTTLE_REASONS: dict[str, int] = {  # pynvml.nvmlClocksEventReason* bits that mean thermal or power throttling
     "sw_power_cap": 0x4,
     "hw_slowdown": 0x8,
@@ -35,127 +31,190 @@ THROTTLE_REASONS: dict[str, int] = {  # pynvml.nvmlClocksEventReason* bits that 
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuUtilLow:
+class Key:
+    """One key of a rule: how its value is checked, and where and in which words the tab's form shows it.
+
+    `kind` is flag, number, integer or names (a list drawn from `choices`). A number lies between `low` and
+    `high`, `low` itself left out when `low_open`; each bound is a number, None for none, or the name of a key
+    declared before this one, whose value is the bound. `role` is the form's column (on, fire, resolve, window
+    or more); `words` come before the field, `unit` after it.
+    """
+
+    role: str
+    words: str
+    unit: str = ""
+    kind: str = "number"
+    low: float | str | None = None
+    high: float | str | None = None
+    low_open: bool = False
+    choices: tuple[str, ...] = ()
+
+    def check(self, group: Rule, key: str) -> None:
+        """Raise ValueError naming the rule, key and value unless `group.key` fits; a list of names becomes a
+        tuple without repeats."""
+        value, where = getattr(group, key), f"{group.RULE}.{key}"
+        if self.kind == "flag":
+            if not isinstance(value, bool):
+                raise ValueError(f"{where} must be true or false. Received: {value!r}")
+        elif self.kind == "names":
+            if not isinstance(value, (list, tuple)) \
+                    or not all(isinstance(name, str) and name in self.choices for name in value):
+                raise ValueError(f"{where} must be a list of names from {', '.join(self.choices)}. "
+                                 f"Received: {value!r}")
+            object.__setattr__(group, key, tuple(dict.fromkeys(value)))  # a JSON list becomes a tuple
+        else:
+            self._check_number(where, value, self._bound(group, self.low, -math.inf),
+                                self._bound(group, self.high, math.inf))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "choices": list(self.choices)}
+
+    @staticmethod
+    def _bound(group: Rule, bound: float | str | None, none: float) -> float:
+        return none if bound is None else getattr(group, bound) if isinstance(bound, str) else bound
+
+    def _check_number(self, where: str, value: Any, low: float, high: float) -> None:
+        integer = self.kind == "integer"
+        kinds = int if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not _finite(value):
+            raise ValueError(f"{where} must be {'an integer' if integer else 'a finite number'}. "
+                             f"Received: {_short(value)}")
+        if (value <= low if self.low_open else value < low) or value > high:
+            if high < math.inf:
+                span = f"in {'(' if self.low_open else '['}{low:g}, {high:g}]"
+            else:
+                span = f"{'>' if self.low_open else '>='} {low:g}"
+            note = (f" (at least {self.low})" if isinstance(self.low, str)
+                    else f" (at most {self.high})" if isinstance(self.high, str) else "")
+            raise ValueError(f"{where} must be {span}{note}. Received: {_short(value)}")
+
+
+_ON = Key("on", "on", kind="flag")
+_WINDOW = Key("window", "over", "s", low=0, low_open=True)
+
+
+def _key(default: Any, key: Key) -> Any:
+    """A rule's field: its default, checked against `key` (see `Rule`)."""
+    return dataclasses.field(default=default, metadata={"key": key})
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """The thresholds of one rule; each field is checked on construction against its `Key` (the field's metadata)."""
+
+    RULE: ClassVar[str]  # its name, and its field's in Thresholds
+    LABEL: ClassVar[str]  # its name in the tab's form
+    HELP: ClassVar[str]  # what it measures, in the tab's form
+    UNIT: ClassVar[str]  # after its alerts' value and threshold: "%", " ms"
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            field.metadata["key"].check(self, field.name)
+
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """Its label, help, unit and keys, in order (`Key.to_dict()` with the key's name)."""
+        return {"label": cls.LABEL, "help": cls.HELP, "unit": cls.UNIT,
+                "keys": [{"key": field.name, **field.metadata["key"].to_dict()} for field in dataclasses.fields(cls)]}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuUtilLow(Rule):
     """Per GPU: utilization, time-weighted over the last `for_s` seconds, below `pct`; resolves at `resolve_pct`."""
 
     RULE: ClassVar[str] = "gpu_util_low"
-    enabled: bool = True
-    pct: float = 20.0
-    resolve_pct: float = 30.0
-    for_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        _check_flag(self, "enabled")
-        _check_number(self, "pct", 0, 100)
-        _check_number(self, "resolve_pct", self.pct, 100, note="at least pct")
-        _check_number(self, "for_s", 0, low_open=True)
+    LABEL: ClassVar[str] = "GPU utilization low"
+    HELP: ClassVar[str] = "Per GPU: mean utilization over the window."
+    UNIT: ClassVar[str] = "%"
+    enabled: bool = _key(True, _ON)
+    pct: float = _key(20.0, Key("fire", "below", "%", low=0, high=100))
+    resolve_pct: float = _key(30.0, Key("resolve", "back at", "%", low="pct", high=100))
+    for_s: float = _key(60.0, _WINDOW)
 
 
 @dataclasses.dataclass(frozen=True)
-class InputWaitHigh:
+class InputWaitHigh(Rule):
     """Input wait above `pct` of step time (step + host gap) over the steps ending in the last `for_s` seconds."""
 
     RULE: ClassVar[str] = "input_wait_high"
-    enabled: bool = True
-    pct: float = 20.0
-    resolve_pct: float = 10.0
-    for_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        _check_flag(self, "enabled")
-        _check_number(self, "pct", 0, 100)
-        _check_number(self, "resolve_pct", 0, self.pct, note="at most pct")
-        _check_number(self, "for_s", 0, low_open=True)
+    LABEL: ClassVar[str] = "Input wait high"
+    HELP: ClassVar[str] = "Input wait as a share of step time."
+    UNIT: ClassVar[str] = "%"
+    enabled: bool = _key(True, _ON)
+    pct: float = _key(20.0, Key("fire", "above", "%", low=0, high=100))
+    resolve_pct: float = _key(10.0, Key("resolve", "back at", "%", low=0, high="pct"))
+    for_s: float = _key(30.0, _WINDOW)
 
 
 @dataclasses.dataclass(frozen=True)
-class IdleGap:
+class IdleGap(Rule):
     """Per GPU (or per run without one): an idle gap of at least `min_s` seconds, reported once it has closed."""
 
     RULE: ClassVar[str] = "idle_gap"
-    enabled: bool = True
-    min_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        _check_flag(self, "enabled")
-        _check_number(self, "min_s", 0, low_open=True)
+    LABEL: ClassVar[str] = "Idle gap"
+    HELP: ClassVar[str] = "A GPU (without one: training) idle at a stretch."
+    UNIT: ClassVar[str] = " s"
+    enabled: bool = _key(True, _ON)
+    min_s: float = _key(10.0, Key("fire", "at least", "s", low=0, low_open=True))
 
 
 @dataclasses.dataclass(frozen=True)
-class StepTimeHigh:
+class StepTimeHigh(Rule):
     """Median step time per batch over the last `for_s` seconds above `ms`; off by default (it depends on the model)."""
 
     RULE: ClassVar[str] = "step_time_high"
-    enabled: bool = False
-    ms: float = 1000.0
-    resolve_ms: float = 900.0
-    for_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        _check_flag(self, "enabled")
-        _check_number(self, "ms", 0, low_open=True)
-        _check_number(self, "resolve_ms", 0, self.ms, low_open=True, note="at most ms")
-        _check_number(self, "for_s", 0, low_open=True)
+    LABEL: ClassVar[str] = "Step time high"
+    HELP: ClassVar[str] = "Median step time per batch."
+    UNIT: ClassVar[str] = " ms"
+    enabled: bool = _key(False, _ON)
+    ms: float = _key(1000.0, Key("fire", "above", "ms", low=0, low_open=True))
+    resolve_ms: float = _key(900.0, Key("resolve", "back at", "ms", low=0, high="ms", low_open=True))
+    for_s: float = _key(30.0, _WINDOW)
 
 
 @dataclasses.dataclass(frozen=True)
-class StepTimeRegression:
+class StepTimeRegression(Rule):
     """Median step time over the last `for_s` seconds above `ratio` times the median of the first `baseline_steps`."""
 
     RULE: ClassVar[str] = "step_time_regression"
-    enabled: bool = True
-    ratio: float = 1.5
-    resolve_ratio: float = 1.2
-    baseline_steps: int = 50
-    for_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        _check_flag(self, "enabled")
-        _check_number(self, "ratio", 1, low_open=True)
-        _check_number(self, "resolve_ratio", 1, self.ratio, note="at most ratio")
-        _check_number(self, "baseline_steps", 1, integer=True)
-        _check_number(self, "for_s", 0, low_open=True)
+    LABEL: ClassVar[str] = "Step time regression"
+    HELP: ClassVar[str] = "Median step time against the median of the first steps."
+    UNIT: ClassVar[str] = "×"
+    enabled: bool = _key(True, _ON)
+    ratio: float = _key(1.5, Key("fire", "above", "×", low=1, low_open=True))
+    resolve_ratio: float = _key(1.2, Key("resolve", "back at", "×", low=1, high="ratio"))
+    baseline_steps: int = _key(50, Key("more", "baseline: first", "steps", kind="integer", low=1))
+    for_s: float = _key(30.0, _WINDOW)
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuMemoryHigh:
+class GpuMemoryHigh(Rule):
     """Per GPU: memory used, time-weighted over the last `for_s` seconds, above `pct` of the total."""
 
     RULE: ClassVar[str] = "gpu_memory_high"
-    enabled: bool = True
-    pct: float = 95.0
-    resolve_pct: float = 90.0
-    for_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        _check_flag(self, "enabled")
-        _check_number(self, "pct", 0, 100)
-        _check_number(self, "resolve_pct", 0, self.pct, note="at most pct")
-        _check_number(self, "for_s", 0, low_open=True)
+    LABEL: ClassVar[str] = "GPU memory high"
+    HELP: ClassVar[str] = "Per GPU: memory used, of the total."
+    UNIT: ClassVar[str] = "%"
+    enabled: bool = _key(True, _ON)
+    pct: float = _key(95.0, Key("fire", "above", "%", low=0, high=100))
+    resolve_pct: float = _key(90.0, Key("resolve", "back at", "%", low=0, high="pct"))
+    for_s: float = _key(30.0, _WINDOW)
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuThrottled:
+class GpuThrottled(Rule):
     """Per GPU: one of `reasons` active for more than `pct` of the last `for_s` seconds (see THROTTLE_REASONS)."""
 
     RULE: ClassVar[str] = "gpu_throttled"
-    enabled: bool = True
-    pct: float = 50.0
-    resolve_pct: float = 10.0
-    for_s: float = 30.0
-    reasons: tuple[str, ...] = tuple(THROTTLE_REASONS)
-
-    def __post_init__(self) -> None:
-        _check_flag(self, "enabled")
-        _check_number(self, "pct", 0, 100)
-        _check_number(self, "resolve_pct", 0, self.pct, note="at most pct")
-        _check_number(self, "for_s", 0, low_open=True)
-        reasons = self.reasons
-        if not isinstance(reasons, (list, tuple)) \
-                or not all(isinstance(name, str) and name in THROTTLE_REASONS for name in reasons):
-            raise ValueError(f"gpu_throttled.reasons must be a list of names from {', '.join(THROTTLE_REASONS)}. "
-                             f"Received: {reasons!r}")
-        object.__setattr__(self, "reasons", tuple(dict.fromkeys(reasons)))  # a JSON list becomes a tuple
+    LABEL: ClassVar[str] = "GPU throttled"
+    HELP: ClassVar[str] = "Per GPU: share of the time clocks were held back."
+    UNIT: ClassVar[str] = "%"
+    enabled: bool = _key(True, _ON)
+    pct: float = _key(50.0, Key("fire", "above", "%", low=0, high=100))
+    resolve_pct: float = _key(10.0, Key("resolve", "back at", "%", low=0, high="pct"))
+    for_s: float = _key(30.0, _WINDOW)
+    reasons: tuple[str, ...] = _key(tuple(THROTTLE_REASONS), Key("more", "reasons", kind="names",
+                                                                 choices=tuple(THROTTLE_REASONS)))
 
     @property
     def mask(self) -> int:
@@ -192,100 +251,14 @@ class Thresholds:
             groups[rule] = dataclasses.replace(default, **values)
         return cls(**groups)
 
+    @classmethod
+    def schema(cls) -> dict[str, dict[str, Any]]:
+        """Each rule's `Rule.schema()`, in order: the tab builds its form, and its alerts' units, from it."""
+        return {field.name: field.default_factory.schema() for field in dataclasses.fields(cls)}
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {rule: {key: list(value) if isinstance(value, tuple) else value for key, value in group.items()}
                 for rule, group in dataclasses.asdict(self).items()}
-
-
-MAX_FILE_BYTES = 16 << 10  # a saved file is ~1.5 KiB
-
-
-def read_thresholds_text(path: str | os.PathLike[str]) -> str | None:
-    """The text of the thresholds file at `path`, or None when there is none.
-
-    Only a regular file, not a symlink, owned by this user or root, of at most `MAX_FILE_BYTES`, is read
-    (opened without following links and without blocking, so a FIFO never hangs); anything else raises
-    ValueError naming the reason, never the content.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        if os.path.islink(path):
-            raise ValueError(f"{os.fspath(path)} is a symbolic link; only a regular file is read") from None
-        raise ValueError(f"{os.fspath(path)} cannot be opened: {error.strerror}") from None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{os.fspath(path)} is not a regular file")
-        if info.st_uid not in (os.getuid(), 0):
-            raise ValueError(f"{os.fspath(path)} belongs to another user (uid {info.st_uid}); only files of this "
-                             f"user or root are followed")
-        data = file.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"{os.fspath(path)} is larger than {MAX_FILE_BYTES} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{os.fspath(path)} is not UTF-8 text") from None
-
-
-def load_thresholds_file(path: str | os.PathLike[str]) -> Thresholds | None:
-    """The thresholds saved at `path`, or None when there is no file; a bad or unsafe file raises ValueError."""
-    text = read_thresholds_text(path)
-    if text is None:
-        return None
-    try:
-        return Thresholds.from_dict(json.loads(text))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{os.fspath(path)} is not valid JSON: {error}") from None
-    except RecursionError:
-        raise ValueError(f"{os.fspath(path)} is nested too deeply") from None
-    except ValueError as error:
-        raise ValueError(f"{os.fspath(path)}: {error}") from None
-
-
-def save_thresholds_file(path: str | os.PathLike[str], thresholds: Thresholds) -> None:
-    """Write `thresholds` to `path` atomically: readers see the old file or the new one, never a part."""
-    text = json.dumps(thresholds.to_dict(), indent=2) + "\n"
-    fd, temp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".rnnmon_thresholds.",
-                                suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temp, 0o644)  # mkstemp makes it private; TensorBoard may run as another user
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-
-
-def _check_flag(group: Any, key: str) -> None:
-    value = getattr(group, key)
-    if not isinstance(value, bool):
-        raise ValueError(f"{group.RULE}.{key} must be true or false. Received: {value!r}")
-
-
-def _check_number(group: Any, key: str, low: float, high: float = math.inf, *, low_open: bool = False,
-                  integer: bool = False, note: str = "") -> None:
-    """Raise ValueError unless `group.key` is a finite number (an int if `integer`) in the range given."""
-    value = getattr(group, key)
-    kinds = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not _finite(value):
-        raise ValueError(f"{group.RULE}.{key} must be {'an integer' if integer else 'a finite number'}. "
-                         f"Received: {_short(value)}")
-    if (value <= low if low_open else value < low) or value > high:
-        if high < math.inf:
-            span = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
-        else:
-            span = f"{'>' if low_open else '>='} {low:g}"
-        raise ValueError(f"{group.RULE}.{key} must be {span}{f' ({note})' if note else ''}. "
-                         f"Received: {_short(value)}")
 
 
 def _finite(value: float) -> bool:

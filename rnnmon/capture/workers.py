@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 
 LOG = logging.getLogger("rnnmon")
-WORKER_DIR = re.compile(r"^(worker|chief|evaluator|process)-(\d+)$")
+WORKER_DIR = re.compile(r"(worker|chief|evaluator|process)-(\d+)")  # a worker's folder name, whole (fullmatch)
 
 
 def worker_name(environ: Mapping[str, str] | None = None) -> str | None:

@@ -39,7 +39,7 @@ from tensorboard.data import provider as tb_provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from rnnmon.analysis.stragglers import compare_workers, worker_of
+from rnnmon.analysis.stragglers import WORKER_RUN, compare_workers, worker_of
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
@@ -51,6 +51,7 @@ from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsSto
 from .timeline import TimelineIndex, array_bytes
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
+STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}  # every such file in STATIC_DIR is served
 LIVE_WINDOW_S = 30.0  # a running run whose last write is older than this is shown as stalled
 DEFAULT_POINTS, MAX_POINTS = 1000, 20000
 CACHE_RUNS = 10
@@ -123,11 +124,10 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self.read_ahead = ReadAhead()  # reads runs /runs listed before the tab asks for them (local log directories)
 
     def get_plugin_apps(self) -> dict[str, Any]:
+        static = {f"/{name}": _static_file(name, STATIC_TYPES[os.path.splitext(name)[1]])
+                  for name in sorted(os.listdir(STATIC_DIR)) if os.path.splitext(name)[1] in STATIC_TYPES}
         return {
-            "/index.js": _static_file("index.js", "text/javascript"),
-            "/dom.js": _static_file("dom.js", "text/javascript"),
-            "/thresholds.js": _static_file("thresholds.js", "text/javascript"),
-            "/style.css": _static_file("style.css", "text/css"),
+            **static,
             "/plotly.min.js": self._serve_plotly,
             "/runs": self._serve_runs,
             "/timeline": self._serve_timeline,
@@ -212,7 +212,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                          "start": info.get("start"), "errors": problems})
         if self._local:
             self._offer_reads(ctx, experiment, runs, file_bytes)
-        return {"runs": runs, "live_window_s": LIVE_WINDOW_S}
+        return {"runs": runs, "live_window_s": LIVE_WINDOW_S, "worker_run_pattern": WORKER_RUN.pattern}
 
     def _offer_reads(self, ctx: Any, experiment: str, runs: list[dict[str, Any]], file_bytes: dict[str, int]) -> None:
         """Offer the background reader the runs the tab is likely to open next: the one it shows first (the first

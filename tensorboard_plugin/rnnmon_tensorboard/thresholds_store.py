@@ -1,8 +1,9 @@
 """The tab's alert thresholds: one JSON file at the root of TensorBoard's log directory, read and saved.
 
-The file is `rnnmon.alerts.thresholds.THRESHOLDS_FILE`. A running monitor looks for it in its own log directory and up
-to three folders above, and switches to it within one flush (see `rnnmon.alerts.delivery`), so saving it here reaches
-every run up to three folders below the root.
+The file is `rnnmon.alerts.thresholds_file`'s: a running monitor looks for it in its own log directory and up to
+`LEVELS_UP` folders above, and switches to it within one flush (see `rnnmon.alerts.delivery`), so saving it here
+reaches every run up to that many folders below the root. What is the tab's own is here: where it saves, the
+version a save must edit (two tabs never undo each other's edits), and why saving may be off.
 
 Saving is the only write the plugin ever does, so checking whether it can save writes nothing: it is refused, with
 the reason, for a log directory that is not a local folder (`gs://...`), for TensorBoard started with
@@ -26,10 +27,11 @@ import os
 import threading
 from typing import Any
 
-from rnnmon.alerts.thresholds import (
+from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.alerts.thresholds_file import (
+    LEVELS_UP,
     MAX_FILE_BYTES,
     THRESHOLDS_FILE,
-    Thresholds,
     load_thresholds_file,
     save_thresholds_file,
 )
@@ -58,7 +60,8 @@ class ThresholdsStore:
             self.path = f"{self.logdir.rstrip('/')}/{THRESHOLDS_FILE}" if self.logdir else None
 
     def read(self) -> dict[str, Any]:
-        """The `GET /thresholds` answer: the saved thresholds (or the defaults), where, and whether saving works."""
+        """The `GET /thresholds` answer: the saved thresholds (or the defaults), where, whether saving works, and
+        what the tab's form is built from: the rules' schema and how far the file reaches."""
         thresholds, source, error = Thresholds(), "defaults", None
         if self.local and os.path.isfile(self.path):  # never open a folder or a FIFO here (a FIFO would block)
             try:
@@ -70,7 +73,8 @@ class ThresholdsStore:
                     thresholds, source = saved, "file"
         reason = self.unwritable_reason()
         return {"thresholds": thresholds.to_dict(), "source": source, "path": self.path, "writable": reason is None,
-                "reason": reason, "error": error, "defaults": Thresholds().to_dict(), "version": self.version()}
+                "reason": reason, "error": error, "defaults": Thresholds().to_dict(), "version": self.version(),
+                "rules": Thresholds.schema(), "levels_up": LEVELS_UP, "file_name": THRESHOLDS_FILE}
 
     def version(self) -> str:
         """What a save must say it edits: a digest of the file's bytes, or "none" while there is no file."""

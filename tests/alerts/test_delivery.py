@@ -16,7 +16,8 @@ from fake_nvml import FakeGpu, FakeNvmlLib, installed
 from idle_windows import IdleWindows
 
 from rnnmon import UtilizationMonitor
-from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, save_thresholds_file
+from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.alerts.thresholds_file import THRESHOLDS_FILE, save_thresholds_file
 from rnnmon.analysis.summary import summarize
 
 FAST = {"gpu_util_low": {"pct": 20.0, "resolve_pct": 30.0, "for_s": 0.5}}

@@ -1,23 +1,13 @@
-"""Thresholds: defaults, JSON round trip, validation messages, and the atomic thresholds file."""
+"""Thresholds: defaults, JSON round trip, validation messages."""
 
 from __future__ import annotations
 
 import json
-import os
-import stat
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rnnmon.alerts.thresholds import (
-    THRESHOLDS_FILE,
-    GpuThrottled,
-    GpuUtilLow,
-    Thresholds,
-    load_thresholds_file,
-    save_thresholds_file,
-)
+from rnnmon.alerts.thresholds import GpuThrottled, GpuUtilLow, Thresholds
 
 
 def test_defaults_are_valid_and_survive_json() -> None:
@@ -92,53 +82,30 @@ def test_groups_validate_when_built_directly() -> None:
         GpuUtilLow(pct=-1)
 
 
-def test_file_round_trip(tmp_path: Path) -> None:
-    path = tmp_path / THRESHOLDS_FILE
-    assert load_thresholds_file(path) is None
-    thresholds = Thresholds.from_dict({"idle_gap": {"min_s": 3}, "gpu_throttled": {"reasons": ["hw_slowdown"]}})
-    save_thresholds_file(path, thresholds)
-    assert load_thresholds_file(path) == thresholds
-    assert json.loads(path.read_text())["idle_gap"] == {"enabled": True, "min_s": 3}
-    save_thresholds_file(str(path), Thresholds())  # replaces the old file
-    assert load_thresholds_file(str(path)) == Thresholds()
-    assert os.listdir(tmp_path) == [THRESHOLDS_FILE]
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+def test_the_schema_lists_every_key_with_the_bounds_its_check_applies() -> None:
+    """What the tab's form is built from is what from_dict enforces: a value just past a served bound is refused."""
+    defaults = Thresholds().to_dict()
+    for rule, spec in Thresholds.schema().items():
+        assert spec["unit"] == type(getattr(Thresholds(), rule)).UNIT and spec["label"] and spec["help"]
+        assert [key["key"] for key in spec["keys"]] == list(defaults[rule])
+        for key in spec["keys"]:
+            for bad in _past_the_bounds(key, defaults[rule]):
+                with pytest.raises(ValueError, match=rf"^{rule}\.{key['key']} must be"):
+                    Thresholds.from_dict({rule: {key["key"]: bad}})
 
 
-def test_bad_file_names_the_path(tmp_path: Path) -> None:
-    path = tmp_path / THRESHOLDS_FILE
-    path.write_text("{not json")
-    with pytest.raises(ValueError, match=r"rnnmon_thresholds\.json is not valid JSON"):
-        load_thresholds_file(path)
-    path.write_text('{"gpu_util_low": {"pct": 150}}')
-    with pytest.raises(ValueError, match=r"rnnmon_thresholds\.json: gpu_util_low\.pct must be in \[0, 100\]"):
-        load_thresholds_file(path)
-
-
-@pytest.mark.parametrize("failing", ["fsync", "replace"])
-def test_failed_save_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          failing: str) -> None:
-    path = tmp_path / THRESHOLDS_FILE
-    save_thresholds_file(path, Thresholds())
-    before = path.read_bytes()
-
-    def fail(*args: Any) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, failing, fail)
-    with pytest.raises(OSError, match="disk full"):
-        save_thresholds_file(path, Thresholds.from_dict({"idle_gap": {"min_s": 1}}))
-    monkeypatch.undo()
-    assert path.read_bytes() == before
-    assert os.listdir(tmp_path) == [THRESHOLDS_FILE]
-
-
-def test_failed_first_save_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(*args: Any) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError):
-        save_thresholds_file(tmp_path / THRESHOLDS_FILE, Thresholds())
-    monkeypatch.undo()
-    assert os.listdir(tmp_path) == []
+def _past_the_bounds(key: dict[str, Any], values: dict[str, Any]) -> list[Any]:
+    """Values of the wrong kind or just outside the key's bounds (a bound naming a key is that key's value)."""
+    if key["kind"] == "flag":
+        return ["yes"]
+    if key["kind"] == "names":
+        return [[*key["choices"], "gpu_idle"], key["choices"][0]]
+    bound = {side: values[key[side]] if isinstance(key[side], str) else key[side] for side in ("low", "high")}
+    bad: list[Any] = ["1"]
+    if key["kind"] == "integer":
+        bad.append(bound["low"] + 0.5)
+    if bound["low"] is not None:
+        bad.append(bound["low"] if key["low_open"] else bound["low"] - 0.5)
+    if bound["high"] is not None:
+        bad.append(bound["high"] + 0.5)
+    return bad

@@ -1,16 +1,20 @@
-"""Which thresholds files a monitor follows: only safe ones, never above its root or in a shared folder."""
+"""The thresholds file: saved atomically, read only when safe, and followed by a monitor only from safe folders,
+never above its root or in a shared folder."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rnnmon.alerts.delivery import thresholds_files
-from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, load_thresholds_file
+from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.alerts.thresholds_file import THRESHOLDS_FILE, load_thresholds_file, save_thresholds_file, thresholds_files
 
 
 def _load_within(path, seconds: float = 5.0):
@@ -30,6 +34,58 @@ def _load_within(path, seconds: float = 5.0):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def test_file_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / THRESHOLDS_FILE
+    assert load_thresholds_file(path) is None
+    thresholds = Thresholds.from_dict({"idle_gap": {"min_s": 3}, "gpu_throttled": {"reasons": ["hw_slowdown"]}})
+    save_thresholds_file(path, thresholds)
+    assert load_thresholds_file(path) == thresholds
+    assert json.loads(path.read_text())["idle_gap"] == {"enabled": True, "min_s": 3}
+    save_thresholds_file(str(path), Thresholds())  # replaces the old file
+    assert load_thresholds_file(str(path)) == Thresholds()
+    assert os.listdir(tmp_path) == [THRESHOLDS_FILE]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_bad_file_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / THRESHOLDS_FILE
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"rnnmon_thresholds\.json is not valid JSON"):
+        load_thresholds_file(path)
+    path.write_text('{"gpu_util_low": {"pct": 150}}')
+    with pytest.raises(ValueError, match=r"rnnmon_thresholds\.json: gpu_util_low\.pct must be in \[0, 100\]"):
+        load_thresholds_file(path)
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_failed_save_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          failing: str) -> None:
+    path = tmp_path / THRESHOLDS_FILE
+    save_thresholds_file(path, Thresholds())
+    before = path.read_bytes()
+
+    def fail(*args: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, failing, fail)
+    with pytest.raises(OSError, match="disk full"):
+        save_thresholds_file(path, Thresholds.from_dict({"idle_gap": {"min_s": 1}}))
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == [THRESHOLDS_FILE]
+
+
+def test_failed_first_save_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        save_thresholds_file(tmp_path / THRESHOLDS_FILE, Thresholds())
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
 
 
 def test_fifo_is_refused_without_hanging(tmp_path):

@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -31,8 +32,17 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
 from rnnmon import UtilizationMonitor
-from rnnmon.alerts.thresholds import THRESHOLDS_FILE, Thresholds, load_thresholds_file, save_thresholds_file
+from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.alerts.thresholds_file import (
+    LEVELS_UP,
+    THRESHOLDS_FILE,
+    load_thresholds_file,
+    save_thresholds_file,
+    thresholds_files,
+)
+from rnnmon.analysis.stragglers import WORKER_RUN, worker_of
 from rnnmon.analysis.summary import summarize
+from rnnmon.capture.workers import worker_name
 from rnnmon.format.reader import open_logdir, read_runs
 
 ROUTE = "/data/plugin/rnnmon/"
@@ -162,6 +172,18 @@ def test_runs_lists_every_run_with_status(client):
     assert runs["bad_description"]["errors"] and not runs["cpu_fit"]["errors"]
 
 
+def test_runs_serve_the_worker_run_pattern_python_recognises(client):
+    """The tab asks /workers for the runs this pattern matches: the runs worker_of takes for a job's workers."""
+    pattern = get(client, "runs")[1]["worker_run_pattern"]
+    assert pattern == WORKER_RUN.pattern
+    tasks = [json.dumps({"cluster": {}, "task": {"type": kind, "index": index}})
+             for kind, index in (("worker", 1), ("chief", 0), ("evaluator", 0), ("worker", 12))]
+    written = [f"job/{worker_name({'TF_CONFIG': task})}/rnnmon" for task in tasks]  # where monitors write
+    others = ["exp1/rnnmon", "worker-1x/rnnmon", "myworker-1/rnnmon", "job/worker-1/rnnmon/rnnmon", "rnnmon"]
+    for run in [*written, "process-3/rnnmon", *others]:
+        assert bool(re.search(pattern, run)) == (worker_of(run) is not None) == (run not in others), run
+
+
 def test_running_run_is_live_then_stalled(tmp_path, monkeypatch):
     write_gpu_run(str(tmp_path / "now" / "rnnmon"), 3, status="running")
     multiplexer = plugin_event_multiplexer.EventMultiplexer()
@@ -283,11 +305,21 @@ def test_unreadable_run_fails_alone(client):
     assert "truncated" in runs["truncated/rnnmon"]["errors"][0] and not runs["long/rnnmon"]["errors"]
 
 
+def _scripts() -> dict[str, str]:
+    """The tab's JavaScript modules by name."""
+    folder = plugin_module.STATIC_DIR
+    return {name: open(os.path.join(folder, name), encoding="utf-8").read()
+            for name in os.listdir(folder) if name.endswith(".js")}
+
+
 def test_static_files_and_plotly_bundle(client):
     response = client.get(ROUTE + "index.js")
     assert response.status_code == 200 and response.mimetype == "text/javascript"
     assert b"export async function render" in response.get_data()
-    for module in ("dom.js", "thresholds.js"):  # imported by index.js
+    scripts = _scripts()
+    imported = {name for text in scripts.values() for name in re.findall(r'from\s+"\./([\w.]+)"', text)}
+    assert imported == set(scripts) - {"index.js"}  # each module is imported by another, and is there
+    for module in imported:
         response = client.get(ROUTE + module)
         assert response.status_code == 200 and response.mimetype == "text/javascript"
         assert b"export function" in response.get_data()
@@ -299,6 +331,18 @@ def test_static_files_and_plotly_bundle(client):
     bundle = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
     with open(bundle, "rb") as f:
         assert gzip.decompress(response.get_data()) == f.read()
+
+
+def test_no_javascript_copies_what_the_routes_serve():
+    """The worker-run pattern, the thresholds file's name and reach, the rules and the verdict's advice come from the
+    routes; no module of the tab keeps its own copy."""
+    rules = Thresholds.schema()
+    copies = ["WORKER_RUN", "evaluator", "REACH_LEVELS", THRESHOLDS_FILE, "VERDICT_ADVICE", '"input-bound"',
+              *(spec["label"] for spec in rules.values()), *(spec["help"] for spec in rules.values())]
+    for name, text in _scripts().items():
+        assert [copy for copy in copies if copy in text] == [], name
+        named = [rule for rule in rules if rule in text]
+        assert len(named) <= 1, (name, named)  # chart.js draws gpu_util_low's line; a table would name them all
 
 
 def test_listed_as_an_active_iframe_tab(client):
@@ -363,6 +407,18 @@ def test_thresholds_file_that_cannot_be_used_is_reported(tmp_path):
     status, body = get(thresholds_client(str(tmp_path)), "thresholds")
     assert status == 200 and body["source"] == "defaults" and body["thresholds"] == Thresholds().to_dict()
     assert "gpu_util_low.pct" in body["error"] and "150" in body["error"] and body["writable"]
+
+
+def test_thresholds_serve_the_rule_schema_and_the_reach_python_declares(tmp_path):
+    body = get(thresholds_client(str(tmp_path)), "thresholds")[1]
+    assert body["rules"] == json.loads(json.dumps(Thresholds.schema()))
+    assert [key["key"] for key in body["rules"]["step_time_regression"]["keys"]] == [
+        "enabled", "ratio", "resolve_ratio", "baseline_steps", "for_s"]
+    assert body["rules"]["idle_gap"]["unit"] == " s" and body["rules"]["gpu_throttled"]["keys"][-1]["choices"] == [
+        "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"]
+    followed = thresholds_files(str(tmp_path / "a" / "b" / "c" / "d"), root=str(tmp_path))  # d, c, b, a: not the root
+    assert body["levels_up"] == LEVELS_UP == len(followed) - 1
+    assert body["file_name"] == THRESHOLDS_FILE == os.path.basename(body["path"])
 
 
 def test_post_saves_the_thresholds_file(tmp_path):

@@ -22,7 +22,8 @@ import pytest
 from conftest import ROOT, TESTS
 from synthetic_runs import write_gpu_run, write_unreadable_run
 
-from rnnmon.alerts.thresholds import THRESHOLDS_FILE, GpuUtilLow, Thresholds, load_thresholds_file, save_thresholds_file
+from rnnmon.alerts.thresholds import GpuUtilLow, Thresholds
+from rnnmon.alerts.thresholds_file import THRESHOLDS_FILE, load_thresholds_file, save_thresholds_file
 from rnnmon.format import schema
 from rnnmon.format.writer import SummaryWriter
 

@@ -5,6 +5,7 @@
 //   card.append(el("span", "rm-tile-value", pct(0.25)));   // "25.0%"
 
 export const ROUTE = (name) => new URL(name, import.meta.url);
+export const ALERT_LIMIT = 200; // alerts drawn and listed per run; `rnnmon report` has them all
 
 export function el(tag, className, text) {
   const node = document.createElement(tag);

@@ -1,10 +1,12 @@
 // The tab's alert thresholds panel: the thresholds saved at the log directory's root (or the defaults), one row
 // per rule to edit, and Save, which sends every rule whole to `POST /thresholds`, the plugin's only write.
 //
-// Running monitors pick the saved file up within one flush. The server validates (`Thresholds.from_dict`); its
-// message is shown next to the form and the field it names is marked. Where the log directory cannot be written
-// (`writable: false`) the panel says why and saving is off. Everything from the server reaches the DOM through
-// textContent.
+// The rows are built from the rules' schema the server sends with the thresholds (`rules`: each rule's label,
+// unit and keys with their kind, bounds, column and words), which is also where the rest of the tab finds a
+// rule's label and unit (`ruleSpec`). Running monitors pick the saved file up within one flush. The server
+// validates (`Thresholds.from_dict`); its message is shown next to the form and the field it names is marked.
+// Where the log directory cannot be written (`writable: false`) the panel says why and saving is off. Everything
+// from the server reaches the DOM through textContent.
 //
 // Example:
 //   const {toggle, section} = buildThresholdsPanel();
@@ -12,30 +14,10 @@
 //   onThresholdsChange((doc) => redraw(doc.thresholds));
 //   await loadThresholds();                     // then on every poll
 
-import {ROUTE, el, errorText, short} from "./dom.js";
+import {ROUTE, el, errorText} from "./dom.js";
 
 const SAVE_HEADERS = {"Content-Type": "application/json", "X-Rnnmon-Request": "save"};
-const REACH_LEVELS = 3; // a monitor looks for the file in its log directory and up to three folders above
-
-// What each rule measures, in the form's words; `unit` is the unit of its alerts' value and threshold.
-export const RULES = {
-  gpu_util_low: {label: "GPU utilization low", unit: "%", help: "Per GPU: mean utilization over the window.",
-    fire: ["pct", "below", "%"], resolve: ["resolve_pct", "back at", "%"]},
-  input_wait_high: {label: "Input wait high", unit: "%", help: "Input wait as a share of step time.",
-    fire: ["pct", "above", "%"], resolve: ["resolve_pct", "back at", "%"]},
-  idle_gap: {label: "Idle gap", unit: " s", help: "A GPU (without one: training) idle at a stretch.",
-    fire: ["min_s", "at least", "s"]},
-  step_time_high: {label: "Step time high", unit: " ms", help: "Median step time per batch.",
-    fire: ["ms", "above", "ms"], resolve: ["resolve_ms", "back at", "ms"]},
-  step_time_regression: {label: "Step time regression", unit: "×",
-    help: "Median step time against the median of the first steps.",
-    fire: ["ratio", "above", "×"], resolve: ["resolve_ratio", "back at", "×"],
-    more: [["baseline_steps", "baseline: first", "steps", 1]]},
-  gpu_memory_high: {label: "GPU memory high", unit: "%", help: "Per GPU: memory used, of the total.",
-    fire: ["pct", "above", "%"], resolve: ["resolve_pct", "back at", "%"]},
-  gpu_throttled: {label: "GPU throttled", unit: "%", help: "Per GPU: share of the time clocks were held back.",
-    fire: ["pct", "above", "%"], resolve: ["resolve_pct", "back at", "%"]},
-};
+const COLUMNS = ["on", "fire", "resolve", "window", "more"]; // the form's columns after the rule: each key's `role`
 
 const panel = {doc: null, signature: "", dirty: false, runs: [], listeners: []};
 const ui = {};
@@ -103,6 +85,12 @@ export function currentThresholds() {
   return panel.doc?.thresholds || null;
 }
 
+// The rule `rule` as the server describes it: its label, help, unit (after its alerts' values) and keys.
+export function ruleSpec(rule) {
+  const rules = panel.doc?.rules;
+  return rules && Object.hasOwn(rules, rule) ? rules[rule] : {label: rule, help: "", unit: "", keys: []};
+}
+
 export function noteRuns(runs) {
   const signature = runs.map((run) => run.name).join("\n");
   if (signature === panel.runs.join("\n")) return;
@@ -141,17 +129,17 @@ function describeSource() {
   ui.source.textContent = doc.source === "file" ? "saved file" : "defaults";
   ui.source.className = `rm-th-source rm-th-source-${doc.source}`;
   const path = el("code", "", doc.path || "(none)");
-  const deep = panel.runs.filter((name) => name.split("/").length > REACH_LEVELS);
+  const deep = panel.runs.filter((name) => name.split("/").length > doc.levels_up);
   ui.where.replaceChildren(
     doc.source === "file" ? "Saved in " : `No thresholds saved ${doc.writable ? "yet; they would go to " : "at "}`,
     path,
-    `. Running monitors whose log directory is this folder or up to ${REACH_LEVELS} folders below switch to ` +
+    `. Running monitors whose log directory is this folder or up to ${doc.levels_up} folders below switch to ` +
     "saved thresholds within one flush (about 2 s), unless a nearer thresholds file applies or the monitor " +
     "has watch_thresholds=False. Alerts already recorded keep the thresholds they fired with.",
     ...(deep.length ? [el("span", "rm-th-warn", ` Too deep to be reached: ${deep.join(", ")}.`)] : []));
   const notes = [];
   if (!doc.writable) notes.push(["Saving is off", `${doc.reason}. Pass thresholds= to rnnmon.UtilizationMonitor ` +
-    "instead, or write rnnmon_thresholds.json next to the runs by hand."]);
+    `instead, or write ${doc.file_name} next to the runs by hand.`]);
   if (doc.error) notes.push(["Saved file not used", doc.error]);
   ui.notice.hidden = !notes.length;
   ui.notice.replaceChildren(...notes.map(([title, text]) => {
@@ -176,81 +164,65 @@ function fillForm(thresholds, dirty) {
   setStatus("", dirty ? "Unsaved changes" : "");
 }
 
+// A rule's row: each key's field in the column of its `role`, in the server's words and units.
 function ruleRow(rule, values) {
-  const spec = RULES[rule] || {label: rule, help: ""};
-  const row = el("tr", values.enabled === false ? "rm-th-off" : "");
+  const spec = ruleSpec(rule);
+  const off = spec.keys.some((key) => key.role === "on" && values[key.key] === false);
+  const row = el("tr", off ? "rm-th-off" : "");
   row.dataset.rule = rule;
   const name = el("td", "rm-th-rule");
   name.append(el("div", "rm-th-label", spec.label), el("code", "rm-th-code", rule));
   if (spec.help) name.title = spec.help;
-  const used = new Set(["enabled"]);
-  const cell = (field) => {
-    const td = el("td");
-    if (field && field[0] in values) {
-      td.append(numberField(rule, field, values[field[0]], spec.label));
-      used.add(field[0]);
-    }
-    return td;
-  };
-  const on = el("td", "rm-th-on");
-  if ("enabled" in values) {
-    const box = el("input", "rm-switch");
-    box.type = "checkbox";
-    box.checked = Boolean(values.enabled);
-    box.dataset.field = `${rule}.enabled`;
-    box.setAttribute("aria-label", `${spec.label}: on`);
-    box.addEventListener("change", () => row.classList.toggle("rm-th-off", !box.checked));
-    on.append(box);
+  const cells = {on: el("td", "rm-th-on"), fire: el("td"), resolve: el("td"), window: el("td"),
+    more: el("td", "rm-th-more")};
+  for (const key of spec.keys) {
+    if (key.key in values) cells[key.role].append(field(rule, key, values[key.key], spec.label, row));
   }
-  const fire = cell(spec.fire);
-  const resolve = cell(spec.resolve);
-  const span = cell(["for_s", "over", "s"]);
-  const more = el("td", "rm-th-more");
-  for (const field of spec.more || []) {
-    if (field[0] in values) more.append(numberField(rule, field, values[field[0]], spec.label));
-    used.add(field[0]);
-  }
-  for (const [key, value] of Object.entries(values)) {
-    if (used.has(key)) continue;
-    if (Array.isArray(value)) more.append(choiceField(rule, key, value));
-    else if (typeof value === "boolean") more.append(flagField(rule, key, value));
-    else more.append(numberField(rule, [key, key, ""], value, spec.label));
-  }
-  if (!resolve.childNodes.length) resolve.append(el("span", "rm-muted", "when it ends"));
-  row.append(name, on, fire, resolve, span, more);
+  if (!cells.resolve.childNodes.length) cells.resolve.append(el("span", "rm-muted", "when it ends"));
+  row.append(name, ...COLUMNS.map((role) => cells[role]));
   return row;
 }
 
-function numberField(rule, [key, before, unit, step], value, label) {
+function field(rule, key, value, label, row) {
+  if (key.kind === "flag") return switchField(rule, key, value, label, row);
+  if (key.kind === "names") return choiceField(rule, key, value);
+  return numberField(rule, key, value, label);
+}
+
+function switchField(rule, key, value, label, row) {
+  const box = el("input", "rm-switch");
+  box.type = "checkbox";
+  box.checked = Boolean(value);
+  box.dataset.field = `${rule}.${key.key}`;
+  box.setAttribute("aria-label", `${label}: ${key.words}`);
+  if (key.role === "on") box.addEventListener("change", () => row.classList.toggle("rm-th-off", !box.checked));
+  return box;
+}
+
+// A number's field; its fixed bounds (not those that are another key's value) limit the spinner. The server still
+// checks them all.
+function numberField(rule, key, value, label) {
+  const integer = key.kind === "integer";
   const wrap = el("label", "rm-field");
   const input = el("input", "rm-number");
   input.type = "number";
-  input.step = step ? String(step) : "any";
-  input.inputMode = step ? "numeric" : "decimal";
+  input.step = integer ? "1" : "any";
+  input.inputMode = integer ? "numeric" : "decimal";
+  if (typeof key.low === "number") input.min = String(key.low);
+  if (typeof key.high === "number") input.max = String(key.high);
   input.value = String(value);
-  input.dataset.field = `${rule}.${key}`;
-  input.setAttribute("aria-label", `${label}: ${before} (${unit || key})`);
-  wrap.append(el("span", "rm-field-before", before), input);
-  if (unit) wrap.append(el("span", "rm-field-unit", unit));
-  return wrap;
-}
-
-function flagField(rule, key, value) {
-  const wrap = el("label", "rm-field");
-  const box = el("input");
-  box.type = "checkbox";
-  box.checked = value;
-  box.dataset.field = `${rule}.${key}`;
-  wrap.append(box, el("span", "", key));
+  input.dataset.field = `${rule}.${key.key}`;
+  input.setAttribute("aria-label", `${label}: ${key.words} (${key.unit || key.key})`);
+  wrap.append(el("span", "rm-field-before", key.words), input);
+  if (key.unit) wrap.append(el("span", "rm-field-unit", key.unit));
   return wrap;
 }
 
 function choiceField(rule, key, chosen) {
   const wrap = el("div", "rm-choices");
-  wrap.dataset.field = `${rule}.${key}`;
-  wrap.append(el("span", "rm-field-before", `${key}:`));
-  const names = [...new Set([...(panel.doc?.defaults?.[rule]?.[key] || []), ...chosen])];
-  for (const name of names) {
+  wrap.dataset.field = `${rule}.${key.key}`;
+  wrap.append(el("span", "rm-field-before", `${key.words}:`));
+  for (const name of key.choices) {
     const option = el("label", "rm-choice");
     const box = el("input");
     box.type = "checkbox";

@@ -1,0 +1,73 @@
+// Reading the plugin's routes into the tab's state: the run list (/runs) at every poll, and the selected runs'
+// /timeline and /summary, with /workers for a worker of a multi-worker job, when they have new data or the view
+// changes. TensorBoard's reload button never reaches the tab's iframe, so the tab polls on its own.
+//
+// Example:
+//   await pollForever(async () => {
+//     await readRuns(state);
+//     await readRunData(state, staleRuns(state).map((run) => run.run), width);
+//   });
+
+import {ROUTE, errorText} from "./dom.js";
+
+const POLL_MS = 1000; // /runs is cheap; with TensorBoard's reload and rnnmon's flush, a step shows within ~5 s
+
+// Runs `tick` now and again POLL_MS after each time it ends, so slow answers never pile up.
+export async function pollForever(tick) {
+  const loop = async () => {
+    await tick();
+    setTimeout(loop, POLL_MS);
+  };
+  await loop();
+}
+
+async function getJson(name, params = {}) {
+  const url = ROUTE(name);
+  for (const [key, value] of Object.entries(params)) url.searchParams.set(key, value);
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(errorText(await response.text()) || `${response.status} ${response.statusText}`);
+  return response.json();
+}
+
+// The run list into `state.runs`, with the pattern of a worker's run; throws when TensorBoard does not answer.
+export async function readRuns(state) {
+  const listing = await getJson("runs");
+  state.runs = listing.runs;
+  state.workerRun = new RegExp(listing.worker_run_pattern);
+}
+
+// The /runs entries of the selected runs, in order.
+export function selectedRuns(state) {
+  return state.selected.map((name) => state.runs.find((run) => run.run === name)).filter(Boolean);
+}
+
+// The selected runs written since their data was read.
+export function staleRuns(state) {
+  return selectedRuns(state).filter((run) => state.written.get(run.run) !== run.last_write);
+}
+
+// Each of the runs `names`: its timeline over the current view (about `width` points across the selected runs)
+// and its summary, or the error, into `state.results`; then the workers of the first selected run's job, if it is a
+// worker's run, into `state.workers`. A run read for a view that changed meanwhile is dropped: the read for the new
+// view wins.
+export async function readRunData(state, names, width) {
+  const points = Math.max(200, Math.round(width / Math.max(1, selectedRuns(state).length)));
+  const view = state.view;
+  const range = view ? {start: view[0].toFixed(4), end: view[1].toFixed(4)} : {};
+  await Promise.all(names.map(async (name) => {
+    const written = state.runs.find((run) => run.run === name)?.last_write;
+    let result;
+    try {
+      const [timeline, summary] = await Promise.all([
+        getJson("timeline", {run: name, points, ...range}), getJson("summary", {run: name})]);
+      result = {timeline, summary};
+    } catch (error) {
+      result = {error: String(error.message || error)};
+    }
+    if (state.view !== view) return; // zoomed meanwhile: the refresh for the new view wins
+    state.results.set(name, result);
+    state.written.set(name, written);
+  }));
+  const first = state.selected[0];
+  state.workers = state.workerRun?.test(first) ? await getJson("workers", {run: first}).catch(() => null) : null;
+}
