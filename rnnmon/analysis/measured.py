@@ -68,7 +68,7 @@ def _input(summary: dict[str, Any]) -> list[Finding]:
                f"a step waits a median {wait['median']:.2f} ms (p90 {wait['p90']:.2f} ms) for its batch out of a "
                f"median {step['median']:.2f} ms step. Fixing input wait: up to {speedup:.1f}x shorter steps "
                "(the median step less its wait; more where the pipeline's threads also slowed the compute).")
-    return [Finding("INPUT_BOUND", "critical", "input pipeline", message, _INPUT_ADVICE, speedup)]
+    return [Finding.of("INPUT_BOUND", "input pipeline", message, _INPUT_ADVICE, speedup)]
 
 
 def _small_step(summary: dict[str, Any]) -> list[Finding]:
@@ -84,7 +84,7 @@ def _small_step(summary: dict[str, Any]) -> list[Finding]:
                "steps per sample.")
     advice = (f"Give each step more work: `model.compile(..., steps_per_execution={factor})` (the batches of an "
               f"execution are fetched inside the graph), or a {factor}x larger batch (scale the learning rate).")
-    return [Finding("SMALL_STEP", "warning", "training step", message, advice, speedup)]
+    return [Finding.of("SMALL_STEP", "training step", message, advice, speedup)]
 
 
 def _host(summary: dict[str, Any]) -> list[Finding]:
@@ -97,7 +97,7 @@ def _host(summary: dict[str, Any]) -> list[Finding]:
     advice = ("Raise `steps_per_execution` in `model.compile` so several steps run per Python call, use "
               "`verbose=2` instead of the per-step progress bar, and move per-batch callback work to "
               "`on_epoch_end` or every N batches.")
-    return [Finding("HOST_BOUND", "warning", "training loop", message, advice, speedup)]
+    return [Finding.of("HOST_BOUND", "training loop", message, advice, speedup)]
 
 
 def _callback_blame(summary: dict[str, Any]) -> str:
@@ -137,7 +137,7 @@ def _low_work(summary: dict[str, Any]) -> list[Finding]:
         advice = ("Give each step more work: a larger batch (e.g. 4x, scaling the learning rate), longer "
                   "sequences or more units per layer; keep LSTM/GRU layers on the cuDNN kernel; raise "
                   "`steps_per_execution` so kernel launches are not paced by Python.")
-        findings.append(Finding("LOW_WORK_PER_STEP", "warning", f"GPU {gpu['index']}", message, advice, speedup))
+        findings.append(Finding.of("LOW_WORK_PER_STEP", f"GPU {gpu['index']}", message, advice, speedup))
     return findings
 
 
@@ -152,7 +152,7 @@ def _eval_idle(summary: dict[str, Any]) -> list[Finding]:
                f"{amdahl(0.8 * idle_s / wall):.2f}x shorter fit; removing the idle time: up to {speedup:.2f}x.")
     advice = ("Validate less often (`validation_freq=N`), with a larger `validation_batch_size`, on a prefetched "
               "validation pipeline, and save checkpoints less often (`ModelCheckpoint(save_freq=...)`).")
-    return [Finding("EVAL_IDLE", "warning", "validation", message, advice, speedup)]
+    return [Finding.of("EVAL_IDLE", "validation", message, advice, speedup)]
 
 
 def _pct(share: float | None) -> str:
