@@ -16,15 +16,8 @@ from typing import Any
 
 from rnnmon.analysis.stragglers import compare_workers
 from rnnmon.analysis.summary import gap_list, summarize
+from rnnmon.analysis.verdict import label
 from rnnmon.format.reader import read_logdir
-
-VERDICT_TEXT = {
-    "input-bound": "input-bound: the step waits for the input pipeline",
-    "host-bound": "host-bound: Python or callbacks run between steps",
-    "compute-bound": "compute-bound: the device is kept busy by the steps",
-    "insufficient-data": "insufficient data: fewer than 10 steps",
-}
-
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
 
@@ -94,7 +87,7 @@ def _clean(text: Any) -> str:
 
 def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     lines = [f"Run {run['run']}  ({run['backend'] or '?'} backend, {run['status']}, {run['steps']} steps, "
-             f"{run['wall_s']:.1f} s)", f"  verdict        {VERDICT_TEXT.get(run['verdict'], run['verdict'])}",
+             f"{run['wall_s']:.1f} s)", f"  verdict        {label(run['verdict'])}",
              f"  summary        {run['summary']}"]
     step, wait = run["step_ms"], run["input_wait_ms"]
     lines.append(f"  step time      median {_ms(step['median'])}, p90 {_ms(step['p90'])}")

@@ -23,11 +23,10 @@ from typing import Any
 import numpy as np
 
 from rnnmon.alerts.thresholds import Thresholds
-from rnnmon.analysis.summary import verdict
+from rnnmon.analysis.verdict import VERDICTS, verdict
 from rnnmon.format import schema
 
 LOG = logging.getLogger("rnnmon")
-VERDICTS = ("input-bound", "host-bound", "compute-bound", "insufficient-data")
 RULES = tuple(f.name for f in dataclasses.fields(Thresholds))
 _STEP_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 _WAIT_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)

@@ -55,7 +55,7 @@ def device_imbalance(summary: dict[str, Any]) -> list[Finding]:
               "(clocks, temperature, power), a slower link (`nvidia-smi topo -m`), or an uneven split (make the "
               "global batch divisible by the number of replicas). If a GPU is not one the model trains on, "
               "pass `devices=[...]` so rnnmon watches only those.")
-    return [Finding("DEVICE_IMBALANCE", "warning", f"GPU {worst['index']}", message, advice, speedup)]
+    return [Finding.of("DEVICE_IMBALANCE", f"GPU {worst['index']}", message, advice, speedup)]
 
 
 def _pct(share: float) -> str:

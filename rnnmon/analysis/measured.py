@@ -1,12 +1,12 @@
 """Findings from what a run measured: input-bound, host-bound, too little work per step, idle validation.
 
-The thresholds follow the TensorFlow profiler's input-pipeline analysis: 20% of step time is "highly"
-input-bound; 15% is high for host time between steps. The input share counts only the wait beyond the
-fetch floor (what fetching a ready batch costs, ~0.3 ms on a CPU host) and leaves out the longest waits
-(rnnmon.analysis.input_share); a floor of 10% or more of the step is SMALL_STEP, whose remedy is more work per step,
-not a faster pipeline. Every measured finding carries `speedup`, the Amdahl bound 1 / (1 - share) of
-removing its cause (INPUT_BOUND's on the median step: `input_speedup`, see rnnmon.analysis.input_share). Idle
-validation is judged on measured GPU utilization only.
+INPUT_BOUND and HOST_BOUND use the verdict's thresholds (rnnmon.analysis.verdict), so a finding never
+contradicts the verdict. The input share counts only the wait beyond the fetch floor (what fetching a ready
+batch costs, ~0.3 ms on a CPU host) and leaves out the longest waits (rnnmon.analysis.input_share); a floor of
+10% or more of the step is SMALL_STEP, whose remedy is more work per step, not a faster pipeline. Every
+measured finding carries `speedup`, the Amdahl bound 1 / (1 - share) of removing its cause (INPUT_BOUND's on
+the median step: `input_speedup`, see rnnmon.analysis.input_share). Idle validation is judged on measured GPU
+utilization only.
 
 Example:
     >>> summary = summarize(run)             # rnnmon.analysis.summary, which calls this module
@@ -19,10 +19,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rnnmon.analysis.verdict import HOST_BOUND_SHARE, INPUT_BOUND_SHARE, MIN_STEPS
 from rnnmon.findings import Finding, amdahl
 
-INPUT_HIGH = 0.20
-HOST_HIGH = 0.15
 LOW_UTIL_PCT, LOW_SM_ACTIVITY_PCT = 50.0, 30.0
 EVAL_IDLE_SHARE = 0.10
 SMALL_STEP_FLOOR_SHARE, SMALL_STEP_TARGET_SHARE = 0.10, 0.05  # fetch floor / median step
@@ -44,7 +43,7 @@ def summary_line(summary: dict[str, Any]) -> str:
     verdict = summary["verdict"]
     shares = summary.get("shares", {})
     if verdict == "insufficient-data":
-        return f"Only {summary['steps']} steps were recorded; train for at least 10 steps for a verdict."
+        return f"Only {summary['steps']} steps were recorded; train for at least {MIN_STEPS} steps for a verdict."
     if verdict == "input-bound":
         return (f"Steps spent {_pct(shares.get('input'))} of their time waiting for the input pipeline: "
                 "speed up the pipeline before anything else.")
@@ -60,7 +59,7 @@ def summary_line(summary: dict[str, Any]) -> str:
 
 def _input(summary: dict[str, Any]) -> list[Finding]:
     share = summary.get("shares", {}).get("input")
-    if share is None or share < INPUT_HIGH:
+    if share is None or share < INPUT_BOUND_SHARE:
         return []
     wait, step, floor = summary["input_wait_ms"], summary["step_ms"], summary.get("fetch_floor_ms")
     beyond = f"beyond the {floor:.2f} ms any fetch costs, " if floor else ""
@@ -69,7 +68,7 @@ def _input(summary: dict[str, Any]) -> list[Finding]:
                f"a step waits a median {wait['median']:.2f} ms (p90 {wait['p90']:.2f} ms) for its batch out of a "
                f"median {step['median']:.2f} ms step. Fixing input wait: up to {speedup:.1f}x shorter steps "
                "(the median step less its wait; more where the pipeline's threads also slowed the compute).")
-    return [Finding("INPUT_BOUND", "critical", "input pipeline", message, _INPUT_ADVICE, speedup)]
+    return [Finding.of("INPUT_BOUND", "input pipeline", message, _INPUT_ADVICE, speedup)]
 
 
 def _small_step(summary: dict[str, Any]) -> list[Finding]:
@@ -85,12 +84,12 @@ def _small_step(summary: dict[str, Any]) -> list[Finding]:
                "steps per sample.")
     advice = (f"Give each step more work: `model.compile(..., steps_per_execution={factor})` (the batches of an "
               f"execution are fetched inside the graph), or a {factor}x larger batch (scale the learning rate).")
-    return [Finding("SMALL_STEP", "warning", "training step", message, advice, speedup)]
+    return [Finding.of("SMALL_STEP", "training step", message, advice, speedup)]
 
 
 def _host(summary: dict[str, Any]) -> list[Finding]:
     share = summary.get("shares", {}).get("host")
-    if share is None or share < HOST_HIGH:
+    if share is None or share < HOST_BOUND_SHARE:
         return []
     speedup = amdahl(share)
     message = (f"Host gaps between steps are {_pct(share)} of step time: after each step the device waited "
@@ -98,7 +97,7 @@ def _host(summary: dict[str, Any]) -> list[Finding]:
     advice = ("Raise `steps_per_execution` in `model.compile` so several steps run per Python call, use "
               "`verbose=2` instead of the per-step progress bar, and move per-batch callback work to "
               "`on_epoch_end` or every N batches.")
-    return [Finding("HOST_BOUND", "warning", "training loop", message, advice, speedup)]
+    return [Finding.of("HOST_BOUND", "training loop", message, advice, speedup)]
 
 
 def _callback_blame(summary: dict[str, Any]) -> str:
@@ -138,7 +137,7 @@ def _low_work(summary: dict[str, Any]) -> list[Finding]:
         advice = ("Give each step more work: a larger batch (e.g. 4x, scaling the learning rate), longer "
                   "sequences or more units per layer; keep LSTM/GRU layers on the cuDNN kernel; raise "
                   "`steps_per_execution` so kernel launches are not paced by Python.")
-        findings.append(Finding("LOW_WORK_PER_STEP", "warning", f"GPU {gpu['index']}", message, advice, speedup))
+        findings.append(Finding.of("LOW_WORK_PER_STEP", f"GPU {gpu['index']}", message, advice, speedup))
     return findings
 
 
@@ -153,7 +152,7 @@ def _eval_idle(summary: dict[str, Any]) -> list[Finding]:
                f"{amdahl(0.8 * idle_s / wall):.2f}x shorter fit; removing the idle time: up to {speedup:.2f}x.")
     advice = ("Validate less often (`validation_freq=N`), with a larger `validation_batch_size`, on a prefetched "
               "validation pipeline, and save checkpoints less often (`ModelCheckpoint(save_freq=...)`).")
-    return [Finding("EVAL_IDLE", "warning", "validation", message, advice, speedup)]
+    return [Finding.of("EVAL_IDLE", "validation", message, advice, speedup)]
 
 
 def _pct(share: float | None) -> str:

@@ -16,10 +16,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rnnmon.findings import Finding
+from rnnmon.findings import Finding, codes
 
-PIPELINE_CODES = frozenset({"DATA_NOT_TF", "PIPELINE_NO_PREFETCH", "PIPELINE_SERIAL_MAP", "PIPELINE_PY_FUNCTION",
-                            "PIPELINE_NO_CACHE"})
+PIPELINE_CODES = codes("input pipeline", kind="static")  # the audit's risks; INPUT_BOUND is the measured one
 QUIET_INPUT_SHARE = 0.05
 
 

@@ -110,4 +110,4 @@ def _straggler(rows: list[dict[str, Any]]) -> list[Finding]:
                f"others back by about {excess:.1f} ms a step ({100 * excess / step:.0f}% of their median "
                f"{step:.2f} ms step). Cause: {cause}. Bringing it level with the others: up to {speedup:.2f}x "
                "shorter steps for the job.")
-    return [Finding("STRAGGLER", "warning", worst["worker"], message, _ADVICE[cause], speedup)]
+    return [Finding.of("STRAGGLER", worst["worker"], message, _ADVICE[cause], speedup)]

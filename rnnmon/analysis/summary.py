@@ -2,8 +2,7 @@
 
 Fractions are of training wall time: step time + host gaps + evaluation and epoch-end phases. Each fit's
 first step (tracing, iterator creation) is its warm-up: counted in `steps`, reported as `warmup_s`, left out
-of everything else. The verdict uses shares of step time (step + host gap), with the TensorFlow profiler's
-thresholds.
+of everything else. The verdict (rnnmon.analysis.verdict) uses shares of step time (step + host gap).
 
 Example:
     >>> summary = summarize(runs["exp1/rnnmon"])
@@ -22,13 +21,11 @@ from rnnmon.analysis.imbalance import device_imbalance
 from rnnmon.analysis.input_share import median_speedup, pipeline_wait_s, robust_share
 from rnnmon.analysis.measured import measured_findings, summary_line
 from rnnmon.analysis.pipeline_context import in_measured_context
+from rnnmon.analysis.verdict import verdict
 from rnnmon.findings import Finding, rank_findings
 from rnnmon.format import schema
 from rnnmon.format.reader import RunData
 
-INPUT_BOUND_SHARE = 0.20  # the profiler's "highly input-bound"
-HOST_BOUND_SHARE = 0.15  # the profiler's "high" for kernel-launch / other host time
-MIN_STEPS = 10
 LONGEST_GAPS = 20  # gaps listed one by one in a summary; `gap_list` gives all of them
 GAP_HISTOGRAM_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000, 300000, math.inf)
 _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
@@ -109,16 +106,6 @@ def merge_alerts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if event.get("state") == "resolved":
             alerts[key]["end"] = event.get("end")
     return sorted(alerts.values(), key=lambda a: a.get("start") or 0)
-
-
-def verdict(steps: int, wait_s: float, gap_s: float, step_total_s: float) -> str:
-    if steps < MIN_STEPS or step_total_s <= 0:
-        return "insufficient-data"
-    if wait_s / step_total_s >= INPUT_BOUND_SHARE:
-        return "input-bound"
-    if gap_s / step_total_s >= HOST_BOUND_SHARE:
-        return "host-bound"
-    return "compute-bound"
 
 
 def _gpu(run: RunData, index: int) -> dict[str, Any]:

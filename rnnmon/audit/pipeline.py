@@ -197,20 +197,20 @@ def _prefetch(pipeline: _Pipeline) -> list[Finding]:
             "ahead on its own threads into a small buffer (so no prefetch is injected); an explicit "
             "prefetch decouples the next batches from the training step."
         )
-        return [Finding("PIPELINE_NO_PREFETCH", "info", last.where, message, advice)]
+        return [Finding.of("PIPELINE_NO_PREFETCH", last.where, message, advice, severity="info")]
     if pipeline.rewrite_enabled("inject_prefetch"):
         message = (
             f"The pipeline ends with {last.kind}, not a prefetch. TensorFlow appends an autotuned prefetch "
             "there at iterator creation (tf.data.Options().experimental_optimization.inject_prefetch), so "
             "input already overlaps training; an explicit one keeps that if the options change."
         )
-        return [Finding("PIPELINE_NO_PREFETCH", "info", last.where, message, advice)]
+        return [Finding.of("PIPELINE_NO_PREFETCH", last.where, message, advice, severity="info")]
     message = (
         f"The pipeline ends with {last.kind} and nothing prefetches: tf.data.Options turn inject_prefetch "
         "off (or autotune, or the default optimizations), so every batch is produced only when the training "
         "step asks for it."
     )
-    return [Finding("PIPELINE_NO_PREFETCH", "warning", last.where, message, advice)]
+    return [Finding.of("PIPELINE_NO_PREFETCH", last.where, message, advice)]
 
 
 def _serial_stages(pipeline: _Pipeline) -> list[Finding]:
@@ -237,7 +237,7 @@ def _serial_stages(pipeline: _Pipeline) -> list[Finding]:
             severity = "warning"
             why = "it runs on one thread, and TensorFlow never parallelizes an interleave itself."
         message = f"{call}{stage.defined_at()} ({stage.kind}) has no num_parallel_calls; {why}"
-        findings.append(Finding("PIPELINE_SERIAL_MAP", severity, stage.where, message, advice))
+        findings.append(Finding.of("PIPELINE_SERIAL_MAP", stage.where, message, advice, severity=severity))
     return findings
 
 
@@ -300,7 +300,7 @@ def _python_stages(pipeline: _Pipeline) -> list[Finding]:
             )
         else:
             continue
-        findings.append(Finding("PIPELINE_PY_FUNCTION", severity, stage.where, message, advice))
+        findings.append(Finding.of("PIPELINE_PY_FUNCTION", stage.where, message, advice, severity=severity))
     return findings
 
 
@@ -325,7 +325,7 @@ def _uncached_reads(pipeline: _Pipeline) -> list[Finding]:
                 "before shuffle and augmentation: `ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)"
                 ".cache().shuffle(...)`; otherwise `.cache('/local/disk/file')`."
             )
-            return [Finding("PIPELINE_NO_CACHE", "info", stage.where, message, advice)]
+            return [Finding.of("PIPELINE_NO_CACHE", stage.where, message, advice)]
     return []
 
 
@@ -353,7 +353,7 @@ def _generator_input(data: types.GeneratorType) -> Finding:
         "`.map(..., num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)`), or a "
         "`keras.utils.PyDataset` with `workers=4, use_multiprocessing=True`."
     )
-    return Finding("DATA_NOT_TF", "warning", WHERE, message, advice)
+    return Finding.of("DATA_NOT_TF", WHERE, message, advice)
 
 
 def _py_dataset_input(data: Any) -> Finding:
@@ -370,7 +370,7 @@ def _py_dataset_input(data: Any) -> Finding:
         f"{change} (threads, use_multiprocessing=False, suffice if __getitem__ mostly releases the GIL), or "
         "convert it to a tf.data pipeline."
     )
-    return Finding("DATA_NOT_TF", "warning", WHERE, message, advice)
+    return Finding.of("DATA_NOT_TF", WHERE, message, advice)
 
 
 def _init_owner(cls: type) -> str | None:
@@ -392,4 +392,4 @@ def _small_batch(batch_size: int) -> Finding:
         f"Use a batch size of at least {SMALL_BATCH_SIZE} (e.g. `.batch(64)` or `fit(batch_size=64)`) and "
         "scale the learning rate with it (linearly for SGD, roughly with the square root for Adam)."
     )
-    return Finding("SMALL_BATCH", "warning", WHERE, message, advice)
+    return Finding.of("SMALL_BATCH", WHERE, message, advice)

@@ -45,7 +45,7 @@ def audit_placement(nvml_gpu_count: int, framework_gpu_count: int, process_on_gp
             f"Typical causes: {_CAUSES[backend]}, or CUDA_VISIBLE_DEVICES hiding the GPUs."
         )
         advice = f"{_INSTALL[backend]}, and that CUDA_VISIBLE_DEVICES is unset or names the GPU."
-        return [Finding(_CODES[backend], "critical", "placement", message, advice)]
+        return [Finding.of(_CODES[backend], "placement", message, advice)]
     if framework_gpu_count >= 1 and process_on_gpu is False:
         message = (
             f"{name} sees {framework_gpu_count} GPU(s), but NVML's process list shows no context of this "
@@ -59,5 +59,5 @@ def audit_placement(nvml_gpu_count: int, framework_gpu_count: int, process_on_gp
             "Look for a `jax.default_device(cpu)` / `keras.device('cpu')` scope or `CUDA_VISIBLE_DEVICES=''` in "
             "the job's environment."
         )
-        return [Finding("PROCESS_NOT_ON_GPU", "warning", "placement", message, advice)]
+        return [Finding.of("PROCESS_NOT_ON_GPU", "placement", message, advice)]
     return []

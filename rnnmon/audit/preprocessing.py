@@ -38,5 +38,5 @@ def audit_preprocessing(model: Any) -> list[Finding]:
         advice = (f"Apply it in the input pipeline instead: `ds = ds.map(lambda x, y: ({layer.name}(x), y), "
                   "num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)` and train the model from its "
                   "output; keep a model with the layer for inference on raw inputs.")
-        findings.append(Finding("PREPROCESSING_IN_MODEL", "warning", layer.name, message, advice))
+        findings.append(Finding.of("PREPROCESSING_IN_MODEL", layer.name, message, advice))
     return findings

@@ -158,7 +158,7 @@ def _backend_finding(layer: Any, where: str, layer_class: str, backend: str, ver
               f" for the cuDNN {layer_class}" + (" (the JAX backend runs cuDNN LSTM from Keras 3.14)"
                                                  if backend == "jax" and layer_class == "LSTM" else "")
               + "; the layer's arguments need no change.")
-    return Finding("RNN_NO_FAST_KERNEL", "warning", where, message, advice)
+    return Finding.of("RNN_NO_FAST_KERNEL", where, message, advice)
 
 
 def _walk(layer: Any, path: str, masked: bool, seen: set[int]) -> Iterator[tuple[Any, str, bool]]:
@@ -296,7 +296,7 @@ def _no_kernel_finding(
         advice += ("; " if advice else "") + (
             "feed it unmasked input (drop `Masking` / `mask_zero=True` and let the loss or sample weights ignore "
             "the padding), or use the TensorFlow backend, whose cuDNN kernel takes right-padded masks")
-    return Finding("RNN_NO_FAST_KERNEL", "warning", where, message, advice)
+    return Finding.of("RNN_NO_FAST_KERNEL", where, message, advice)
 
 
 def _single_advice(
@@ -344,4 +344,4 @@ def _mask_finding(layer: Any, where: str, sources: list[str]) -> Finding:
         "Pad at the end: `keras.utils.pad_sequences(seqs, padding='post')`, and drop empty sequences; "
         f"if you need left padding, pass `use_cudnn=False` to '{layer.name}' (slower)."
     )
-    return Finding("RNN_MASK_RIGHT_PADDING", "info", where, message, advice)
+    return Finding.of("RNN_MASK_RIGHT_PADDING", where, message, advice)

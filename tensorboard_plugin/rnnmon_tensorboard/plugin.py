@@ -39,11 +39,11 @@ from tensorboard.data import provider as tb_provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from rnnmon.analysis import verdict
 from rnnmon.analysis.stragglers import WORKER_RUN, compare_workers, worker_of
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
-from rnnmon.report import VERDICT_TEXT
 
 from .read_ahead import ReadAhead
 from .run_files import LocalRuns
@@ -249,7 +249,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         return self._derived(ctx, experiment, run, "timeline", self._timeline).view(start, end, points)
 
     def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
-        """`rnnmon.analysis.summary.summarize` for `run`, with the verdict in words."""
+        """`rnnmon.analysis.summary.summarize` for `run`, with the verdict in words and its advice."""
         return self._derived(ctx, experiment, run, "summary", self._summary)
 
     def _timeline(self, cached: _CachedRun) -> TimelineIndex:
@@ -263,7 +263,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
 
     def _summary(self, cached: _CachedRun) -> dict[str, Any]:
         summary = summarize(cached.data)  # idle_gaps: the longest 20; idle_gap_count: all
-        summary["verdict_text"] = VERDICT_TEXT.get(summary["verdict"], summary["verdict"])
+        summary["verdict_text"] = verdict.label(summary["verdict"])
+        summary["verdict_advice"] = verdict.ADVICE.get(summary["verdict"])
         summary["name"] = _display_name(cached.data.run)
         return summary
 

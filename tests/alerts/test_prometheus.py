@@ -6,6 +6,8 @@ import logging
 import os
 import re
 import socket
+import subprocess
+import sys
 import urllib.request
 
 import keras
@@ -92,3 +94,10 @@ def test_port_in_use_is_one_error_line_and_training_goes_on(tmp_path, caplog):
     assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0] and "unexported" in errors[0], errors
     assert monitor.prometheus_port is None
     assert read_run(str(tmp_path)).steps.shape[0] == 20
+
+
+def test_the_exporter_keeps_the_reader_out_of_the_training_process():
+    code = ("import sys, rnnmon.alerts.prometheus; "
+            "print(sorted(m for m in ('rnnmon.format.reader', 'rnnmon.analysis.summary') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"

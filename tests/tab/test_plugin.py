@@ -40,6 +40,7 @@ from rnnmon.alerts.thresholds_file import (
     save_thresholds_file,
     thresholds_files,
 )
+from rnnmon.analysis import verdict
 from rnnmon.analysis.stragglers import WORKER_RUN, worker_of
 from rnnmon.analysis.summary import summarize
 from rnnmon.capture.workers import worker_name
@@ -78,6 +79,11 @@ def logdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(logdir):
+    return plugin_client(logdir)
+
+
+def plugin_client(logdir: str) -> werkzeug_test.Client:
+    """The plugin over TensorBoard's data provider for the runs in `logdir`, as TensorBoard serves it."""
     multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
     multiplexer.AddRunsFromDirectory(logdir)
     multiplexer.Reload()
@@ -269,6 +275,18 @@ def test_summary_is_summarize_output(client, logdir):
     assert body["idle_gap_count"] == expected["idle_gap_count"] >= len(body["idle_gaps"])
     assert body["verdict_text"].startswith(body["verdict"].split("-")[0])
     assert body["name"] == "gpu_fit"
+
+
+def test_summary_gives_the_verdicts_words_and_advice(client, tmp_path):
+    status, body = get(client, "summary", run="gpu_fit/rnnmon")
+    assert status == 200 and body["verdict"] == "input-bound"
+    assert body["verdict_text"] == verdict.LABELS["input-bound"]
+    assert body["verdict_advice"] == verdict.ADVICE["input-bound"]
+    write_gpu_run(str(tmp_path / "short" / "rnnmon"), 1)  # 5 steps: too few for a verdict
+    status, short = get(plugin_client(str(tmp_path)), "summary", run="short/rnnmon")
+    assert status == 200 and short["verdict"] == "insufficient-data"
+    assert short["verdict_text"] == f"insufficient data: fewer than {verdict.MIN_STEPS} steps"
+    assert "verdict_advice" in short and short["verdict_advice"] is None
 
 
 @pytest.mark.parametrize(("params", "message"), [
