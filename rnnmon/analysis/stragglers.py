@@ -14,16 +14,11 @@ Example:
 
 from __future__ import annotations
 
-import re
 import statistics
 from typing import Any
 
-from rnnmon.capture.workers import WORKER_DIR
 from rnnmon.findings import Finding, amdahl
 from rnnmon.format import schema
-
-# A worker's run, `[job/]worker-<index>/rnnmon`, in the syntax Python and JavaScript share (the tab compiles it)
-WORKER_RUN = re.compile(rf"(^|/)(?:{WORKER_DIR.pattern})/{re.escape(schema.RUN_SUBDIR)}$")
 
 MIN_EXCESS_MS = 1.0  # a stall difference below this is noise
 EXCESS_SHARE = 0.20  # ... and so is one below this share of the others' median step
@@ -43,7 +38,7 @@ _ADVICE = {
 def worker_of(run: str) -> tuple[str, str] | None:
     """(job, worker) for a run named `[job/]worker-<index>/rnnmon`, else None."""
     parts = run.split("/")
-    if len(parts) >= 2 and WORKER_DIR.fullmatch(parts[-2]):
+    if len(parts) >= 2 and schema.WORKER_DIR.fullmatch(parts[-2]):
         return "/".join(parts[:-2]) or ".", parts[-2]
     return None
 

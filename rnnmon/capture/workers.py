@@ -16,12 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Mapping
 
 LOG = logging.getLogger("rnnmon")
-WORKER_DIR = re.compile(r"(worker|chief|evaluator|process)-(\d+)")  # a worker's folder name, whole (fullmatch)
 
 
 def worker_name(environ: Mapping[str, str] | None = None) -> str | None:

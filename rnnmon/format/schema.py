@@ -13,13 +13,17 @@ Example:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from tensorboard.compat.proto import summary_pb2
 
 PLUGIN_NAME = "rnnmon"
 FORMAT_VERSION = 2
-RUN_SUBDIR = "rnnmon"
+RUN_SUBDIR = "rnnmon"  # a run is `<log_dir>/rnnmon`, or `<log_dir>/<worker>/rnnmon` for a worker of a job
+WORKER_DIR = re.compile(r"(worker|chief|evaluator|process)-(\d+)")  # a worker's folder name, whole (fullmatch)
+# A worker's run, `[job/]worker-<index>/rnnmon`, in the syntax Python and JavaScript share (the tab compiles it)
+WORKER_RUN = re.compile(rf"(^|/)(?:{WORKER_DIR.pattern})/{re.escape(RUN_SUBDIR)}$")
 
 RUN_TAG = "rnnmon/run"  # JSON string: run description, rewritten at each fit's start and end
 STEPS_TAG = "rnnmon/steps"

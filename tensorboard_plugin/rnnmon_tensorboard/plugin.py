@@ -40,7 +40,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from rnnmon.analysis import verdict
-from rnnmon.analysis.stragglers import WORKER_RUN, compare_workers, worker_of
+from rnnmon.analysis.stragglers import compare_workers, worker_of
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
@@ -212,7 +212,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                          "start": info.get("start"), "errors": problems})
         if self._local:
             self._offer_reads(ctx, experiment, runs, file_bytes)
-        return {"runs": runs, "live_window_s": LIVE_WINDOW_S, "worker_run_pattern": WORKER_RUN.pattern}
+        return {"runs": runs, "live_window_s": LIVE_WINDOW_S, "worker_run_pattern": schema.WORKER_RUN.pattern}
 
     def _offer_reads(self, ctx: Any, experiment: str, runs: list[dict[str, Any]], file_bytes: dict[str, int]) -> None:
         """Offer the background reader the runs the tab is likely to open next: the one it shows first (the first

@@ -84,14 +84,14 @@ def test_tf_data_findings_name_the_users_function_and_where_it_is_defined(tmp_pa
     assert ("PIPELINE_PY_FUNCTION", "warning") in codes
     [finding] = [f for f in read_run(str(tmp_path)).findings if f["code"] == "PIPELINE_PY_FUNCTION"]
     line = _python_decode.__code__.co_firstlineno
-    assert f"MapDataset(_python_decode) (defined at tests/audit/test_user_input_audit.py:{line})" in finding["message"]
+    assert f"MapDataset(_python_decode) (defined at test_user_input_audit.py:{line})" in finding["message"]
 
 
 @pytest.mark.usefixtures("no_nvml")
 def test_generator_gets_data_not_tf_naming_the_generator(tmp_path):
     assert _recorded_codes(tmp_path, _generator()) == [("DATA_NOT_TF", "warning")]
     [finding] = read_run(str(tmp_path)).findings
-    assert "Python generator (_generator) (defined at tests/audit/test_user_input_audit.py:" in finding["message"]
+    assert "Python generator (_generator) (defined at test_user_input_audit.py:" in finding["message"]
     assert "FlatMapDataset" not in finding["where"]
 
 

@@ -41,9 +41,10 @@ from rnnmon.alerts.thresholds_file import (
     thresholds_files,
 )
 from rnnmon.analysis import verdict
-from rnnmon.analysis.stragglers import WORKER_RUN, worker_of
+from rnnmon.analysis.stragglers import worker_of
 from rnnmon.analysis.summary import summarize
 from rnnmon.capture.workers import worker_name
+from rnnmon.format import schema
 from rnnmon.format.reader import open_logdir, read_runs
 
 ROUTE = "/data/plugin/rnnmon/"
@@ -181,7 +182,7 @@ def test_runs_lists_every_run_with_status(client):
 def test_runs_serve_the_worker_run_pattern_python_recognises(client):
     """The tab asks /workers for the runs this pattern matches: the runs worker_of takes for a job's workers."""
     pattern = get(client, "runs")[1]["worker_run_pattern"]
-    assert pattern == WORKER_RUN.pattern
+    assert pattern == schema.WORKER_RUN.pattern
     tasks = [json.dumps({"cluster": {}, "task": {"type": kind, "index": index}})
              for kind, index in (("worker", 1), ("chief", 0), ("evaluator", 0), ("worker", 12))]
     written = [f"job/{worker_name({'TF_CONFIG': task})}/rnnmon" for task in tasks]  # where monitors write
