@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from conftest import ROOT
 
 from rnnmon.analysis import verdict
 
@@ -24,3 +27,15 @@ def test_every_verdict_has_a_label_and_all_but_insufficient_data_advice():
     assert set(verdict.ADVICE) == set(verdict.VERDICTS) - {"insufficient-data"}
     assert verdict.label("insufficient-data") == f"insufficient data: fewer than {verdict.MIN_STEPS} steps"
     assert verdict.label("not-yet-invented") == "not-yet-invented"  # a newer version's verdict, as written
+
+
+def test_the_readme_states_the_verdicts_numbers():
+    """The README explains the verdict in prose: its numbers are the module's, so changing one shows up here."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = " ".join(f.read().split())
+    verdict_line = text.split("- **verdict** — ", 1)[1].split("- **", 1)[0]
+    assert f"is ≥ {INPUT:.0%} of step time" in verdict_line
+    assert f"are ≥ {HOST:.0%}, else `compute-bound`" in verdict_line
+    assert f"`insufficient-data` below {verdict.MIN_STEPS} steps" in verdict_line
+    assert f"≥ {INPUT:.0%} of step time" in text.split("| `INPUT_BOUND` |", 1)[1].split("|", 1)[0]
+    assert f"≥ {HOST:.0%} of step time" in text.split("| `HOST_BOUND` |", 1)[1].split("|", 1)[0]
