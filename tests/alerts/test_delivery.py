@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -30,6 +31,20 @@ def _dip_at(index: int, seconds: float, windows: IdleWindows):
             time.sleep(seconds)
             windows.close()
         return 0.005
+
+    return delay
+
+
+def _dip_until_alerted(index: int, seconds: float, windows: IdleWindows, alerted: threading.Event):
+    """`_dip_at`, then each batch waits (up to 30 s in all) until an alert fired: under load the writer thread
+    judges the dip seconds later, and a fit that ended meanwhile would have no step left to act on the alert."""
+    dip, deadline = _dip_at(index, seconds, windows), []
+
+    def delay(batch: int) -> float:
+        if batch > index and not alerted.is_set():
+            deadline.append(deadline[0] if deadline else time.monotonic() + 30)
+            alerted.wait(max(0.0, min(0.05, deadline[-1] - time.monotonic())))
+        return dip(batch)
 
     return delay
 
@@ -63,11 +78,11 @@ def test_stop_on_alert_ends_training_early(tmp_path):
 
 
 def test_profile_is_captured_after_an_alert(tmp_path):
-    windows = IdleWindows()
+    windows, alerted = IdleWindows(), threading.Event()
     with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
-        tiny_model().fit(stalled_dataset(300, _dip_at(30, 2.0, windows)), epochs=1, verbose=0,
+        tiny_model().fit(stalled_dataset(300, _dip_until_alerted(30, 2.0, windows, alerted)), epochs=1, verbose=0,
                          callbacks=[UtilizationMonitor(str(tmp_path), thresholds=FAST, profile_steps_on_alert=5,
-                                                       audit=False)])
+                                                       on_alert=lambda _: alerted.set(), audit=False)])
     traces = glob.glob(str(tmp_path / "rnnmon" / "plugins" / "profile" / "*" / "*.xplane.pb"))
     assert len(traces) == 1 and os.path.getsize(traces[0]) > 0
 
@@ -161,14 +176,14 @@ def test_input_wait_alert_from_an_injected_stall(tmp_path):
 def test_profile_capture_yields_to_a_running_profiler(tmp_path, caplog):
     import tensorflow as tf
 
-    windows = IdleWindows()
+    windows, alerted = IdleWindows(), threading.Event()
     tf.profiler.experimental.start(str(tmp_path / "theirs"))  # as TensorBoard(profile_batch=...) would
     try:
         with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
             history = tiny_model().fit(
-                stalled_dataset(150, _dip_at(30, 1.5, windows)), epochs=1, verbose=0,
+                stalled_dataset(150, _dip_until_alerted(30, 1.5, windows, alerted)), epochs=1, verbose=0,
                 callbacks=[UtilizationMonitor(str(tmp_path / "ours"), thresholds=FAST, profile_steps_on_alert=5,
-                                              audit=False)])
+                                              on_alert=lambda _: alerted.set(), audit=False)])
     finally:
         tf.profiler.experimental.stop()
     assert len(history.history["loss"]) == 1
