@@ -24,14 +24,40 @@ ROOT = os.path.dirname(TESTS)
 TIMESTEPS, FEATURES, BATCH = 16, 8, 32
 
 
-def tiny_model(seed: int = 0, steps_per_execution: int = 1, units: int = 16):
-    """An LSTM regressor: with 16 units about 1.5 ms per step on a CPU."""
+def tiny_model(seed: int = 0, steps_per_execution: int = 1, units: int = 16, device_s: float = 0.0):
+    """An LSTM regressor: with 16 units about 1.5 ms per step on a CPU.
+
+    device_s: each step also waits this long inside the compiled function, holding neither a CPU nor the GIL, as
+    the host waits while a GPU computes. The input pipeline can work meanwhile, as on a GPU machine; on a CPU
+    alone its threads compete with the step's compute for the same cores.
+    """
     import keras
 
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((TIMESTEPS, FEATURES)), keras.layers.LSTM(units), keras.layers.Dense(1)])
+    layers = [keras.Input((TIMESTEPS, FEATURES)), keras.layers.LSTM(units), keras.layers.Dense(1)]
+    model = keras.Sequential(layers + ([_device_time(device_s)] if device_s else []))
     model.compile(optimizer="adam", loss="mse", steps_per_execution=steps_per_execution)
     return model
+
+
+def _device_time(seconds: float):
+    """A layer that passes its input through after `seconds` of sleep inside the compiled step."""
+    import keras
+    import tensorflow as tf
+
+    class DeviceTime(keras.layers.Layer):
+        def call(self, x):
+            def device():
+                time.sleep(seconds)
+                return np.float32(0)
+
+            done = tf.numpy_function(device, [], tf.float32, stateful=True)
+            return x + tf.stop_gradient(tf.reshape(done, []))
+
+        def compute_output_shape(self, shape):
+            return shape
+
+    return DeviceTime()
 
 
 def sequences(batches: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

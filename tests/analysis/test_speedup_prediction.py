@@ -12,9 +12,8 @@ from __future__ import annotations
 import time
 
 import keras
-import numpy as np
 import pytest
-from conftest import FEATURES, TIMESTEPS, read_run, stalled_dataset
+from conftest import read_run, stalled_dataset, tiny_model
 
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
@@ -28,31 +27,6 @@ class SlowEveryFifthStep(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if batch % 5 == 4:
             time.sleep(0.15)
-
-
-class DeviceTime(keras.layers.Layer):
-    """The step waits 10 ms inside the compiled function, as the host does while a GPU computes."""
-
-    def call(self, x):
-        import tensorflow as tf
-
-        def device():
-            time.sleep(0.01)
-            return np.float32(0)
-
-        done = tf.numpy_function(device, [], tf.float32, stateful=True)
-        return x + tf.stop_gradient(tf.reshape(done, []))
-
-    def compute_output_shape(self, shape):
-        return shape
-
-
-def _model_with_device_time():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((TIMESTEPS, FEATURES)), keras.layers.LSTM(16), keras.layers.Dense(1),
-                              DeviceTime()])
-    model.compile(optimizer="adam", loss="mse")
-    return model
 
 
 def _alternate(tmp_path, arms: dict, steps: int, callbacks=()) -> dict:
@@ -76,7 +50,7 @@ def _predicted_and_achieved(slow: dict, fast: dict) -> tuple[float, float]:
 
 @pytest.mark.usefixtures("no_nvml")
 def test_an_injected_stall_is_predicted_within_a_quarter(tmp_path):
-    stalled, clean = _model_with_device_time(), _model_with_device_time()
+    stalled, clean = tiny_model(device_s=0.01), tiny_model(device_s=0.01)
     summaries = _alternate(tmp_path, {"stalled": (stalled, lambda: stalled_dataset(20, 0.03, prefetch="none")),
                                       "clean": (clean, lambda: stalled_dataset(20, 0.0, prefetch="none"))}, 20,
                            callbacks=[SlowEveryFifthStep()])
