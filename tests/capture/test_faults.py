@@ -13,10 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import keras
 import pytest
-from conftest import read_run, stalled_dataset, tiny_model
+from conftest import read_run, run_status, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
 
 from rnnmon import UtilizationMonitor
@@ -29,13 +30,16 @@ DEVICE_CALLS = ("nvmlDeviceGetSamples", "nvmlDeviceGetUtilizationRates", "nvmlDe
 
 
 class AtBatch(keras.callbacks.Callback):
-    """Runs `actions[batch]()` after that batch; remembers when the last batch ended and when `fit` reached this
-    callback's `on_train_end` (after rnnmon's, which comes first)."""
+    """Runs `actions[batch]()` after that batch. When `fit` reaches this callback's `on_train_end` (after rnnmon's,
+    which comes first) it keeps `at_end()`'s answer in `seen_at_end`, and in `ended_s` the seconds since the last
+    batch ended."""
 
-    def __init__(self, **actions) -> None:
+    def __init__(self, at_end: Callable[[], object] | None = None, **actions) -> None:
         super().__init__()
         self.actions = {int(k[1:]): v for k, v in actions.items()}
+        self.at_end = at_end
         self.last_end = 0.0
+        self.seen_at_end: object = None
 
     def on_train_batch_end(self, batch, logs=None):
         if batch in self.actions:
@@ -44,6 +48,7 @@ class AtBatch(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.ended_s = time.monotonic() - self.last_end
+        self.seen_at_end = self.at_end() if self.at_end else None
 
 
 def _messages(caplog, level: int) -> list[str]:
@@ -62,7 +67,7 @@ def _finished_run(run_dir, within_s: float):
     return read_run(str(run_dir))
 
 
-def test_hung_driver_neither_holds_up_writes_nor_the_end_of_fit(tmp_path):
+def test_hung_driver_neither_holds_up_writes_nor_the_end_of_fit(tmp_path, caplog):
     lib = FakeNvmlLib([FakeGpu(pids=[os.getpid()])])
     seen: dict[str, int] = {}
 
@@ -72,13 +77,19 @@ def test_hung_driver_neither_holds_up_writes_nor_the_end_of_fit(tmp_path):
     def count_on_disk():
         seen["steps"] = len(read_run(str(tmp_path)).steps)
 
-    marks = AtBatch(b5=hang, b110=count_on_disk)
+    def at_end():  # each hung call holds the sampler 2 s, one metric after another: it is still in the driver
+        return {"sampler in the driver": any(t.name == "rnnmon-sampler" for t in threading.enumerate()),
+                "status": run_status(tmp_path)}
+
+    marks = AtBatch(b5=hang, b110=count_on_disk, at_end=at_end)
     with installed(lib):
         model = tiny_model()
         model.fit(stalled_dataset(120, 0.03), epochs=1, verbose=0,
                   callbacks=[UtilizationMonitor(str(tmp_path), devices="all", flush_secs=0.5), marks])
     assert seen["steps"] >= 60  # flushes went on while every driver call hung (one thread used to do both)
-    assert marks.ended_s < 3.0  # the end waits at most a second for the hung poll
+    # The end did not wait for the hung poll: the final status was on disk while the sampler still hung.
+    assert marks.seen_at_end == {"sampler in the driver": True, "status": "finished"}
+    assert not _messages(caplog, logging.ERROR)  # nor for the 5 s the end gives the last write
     lib.latency_s.clear()
     for thread in threading.enumerate():  # the abandoned driver calls return within 4 s
         if thread.name.startswith("rnnmon"):
@@ -134,13 +145,15 @@ def _fill(path) -> None:
 @pytest.mark.usefixtures("no_nvml")
 def test_full_disk_is_survived_and_the_status_lands_when_space_returns(small_disk, caplog):
     filler = small_disk / "filler"
-    marks = AtBatch(b10=lambda: _fill(filler))
+    marks = AtBatch(b10=lambda: _fill(filler), at_end=lambda: run_status(small_disk / "exp"))
     model = tiny_model()
     # 400 steps write more than the 4 KiB a tmpfs page may still have free after the fill, so a write must fail.
     history = model.fit(stalled_dataset(400, 0.002), epochs=1, verbose=0,
                         callbacks=[UtilizationMonitor(str(small_disk / "exp"), flush_secs=0.3), marks])
-    assert len(history.history["loss"]) == 1 and marks.ended_s < 3.0  # never raised into fit, did not wait long
+    assert len(history.history["loss"]) == 1  # never raised into fit
+    assert marks.seen_at_end != "finished"  # the fit ended without waiting for space to write its status ...
     errors = _messages(caplog, logging.ERROR)
+    assert not any("did not finish within" in e for e in errors)  # ... nor for the 5 s the end gives the write
     assert any("No space left on device" in e for e in errors)
     assert sum("cannot write" in e for e in errors) == 1  # logged once
     filler.unlink()  # space returns after the fit: the writer thread is still retrying
@@ -196,12 +209,16 @@ def test_second_writer_of_a_run_is_refused_and_trains_unmonitored(tmp_path, capl
 def test_a_monitor_of_this_process_still_finishing_is_waited_for_not_refused(tmp_path):
     from rnnmon.format.run_lock import RunLock
 
-    finishing = RunLock(str(tmp_path / "rnnmon"))
+    finishing, released = RunLock(str(tmp_path / "rnnmon")), threading.Event()
     finishing.acquire()  # an aborted fit's monitor, ended by its background thread, still writing its last chunk
-    threading.Timer(0.3, finishing.release).start()
-    started = time.monotonic()
-    RunLock(str(tmp_path / "rnnmon")).acquire()
-    assert 0.2 < time.monotonic() - started < 3
+
+    def finish() -> None:
+        released.set()  # before the release: once the lock is free, this is already true
+        finishing.release()
+
+    threading.Timer(0.3, finish).start()
+    RunLock(str(tmp_path / "rnnmon")).acquire()  # refusing raises "another monitor (pid ...) is writing"
+    assert released.is_set()  # it returned once the finishing monitor let go: it waited for it
 
 
 def test_a_tick_that_raises_systemexit_is_logged_once_and_ticking_goes_on(caplog):
@@ -263,14 +280,15 @@ def test_a_write_that_blocks_holds_up_the_end_of_fit_5_s_at_most(freezable_disk,
         subprocess.run(["fsfreeze", "-f", str(freezable_disk)], check=True)
         thaw.start()
 
-    marks = AtBatch(b30=freeze)
+    marks = AtBatch(b30=freeze, at_end=lambda: thaw.finished.is_set())
     try:
         history = tiny_model().fit(stalled_dataset(40, 0.01), epochs=1, verbose=0, callbacks=[
             UtilizationMonitor(str(freezable_disk / "exp"), flush_secs=0.2), marks])
     finally:
         thaw.cancel()
         subprocess.run(["fsfreeze", "-u", str(freezable_disk)], capture_output=True, check=False)
-    assert len(history.history["loss"]) == 1 and 4.5 < marks.ended_s < 9  # waited 5 s for the write, then left
+    assert len(history.history["loss"]) == 1 and marks.ended_s > 4.5  # waited 5 s for the write ...
+    assert marks.seen_at_end is False  # ... then left while the disk was still frozen
     errors = _messages(caplog, logging.ERROR)
     assert len(errors) == 1 and "did not finish within 5 s" in errors[0], errors
     run = _finished_run(freezable_disk / "exp", within_s=20)  # thawed: the blocked write, then the end, land
