@@ -190,7 +190,8 @@ class FakeNvmlLib:
     GPU_IS_LOST from `clock() >= lost_after` on (all but the `_HOST_FUNCTIONS`), then NOT_SUPPORTED
     if named in `unsupported`. Names in `missing` are absent (checked when pynvml first looks them
     up, as it caches function pointers). `gpus`, `lost_after` and `unsupported` may be changed while
-    installed. `calls` counts C calls: pynvml's two-call wrappers count twice.
+    installed. `calls` counts C calls as they return, `started` as they are made (a hanging call is started but not
+yet counted): pynvml's two-call wrappers count twice.
 
     Hard cases: `failing` makes the named C functions answer that error code; `latency_s` makes them
     take that long (outside the lib's lock, so a "hanging" call does not block the others);
@@ -235,6 +236,7 @@ class FakeNvmlLib:
         self.failing = dict(failing or {})  # C function name -> nvmlReturn_t it answers (e.g. UNKNOWN)
         self.dry_below_pct = dry_below_pct
         self.calls: collections.Counter[str] = collections.Counter()
+        self.started: collections.Counter[str] = collections.Counter()
         self.init_count = 0
         self._lock = threading.Lock()
         self._handles = [pynvml.struct_c_nvmlDevice_t() for _ in gpus]
@@ -272,6 +274,8 @@ class FakeNvmlLib:
         return functools.partial(self._call, name)
 
     def _call(self, name: str, *args: object) -> int:
+        with self._lock:
+            self.started[name] += 1
         if self.latency_s.get(name):
             time.sleep(self.latency_s[name])
         with self._lock:
