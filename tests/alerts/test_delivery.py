@@ -73,8 +73,12 @@ def test_stop_on_alert_ends_training_early(tmp_path):
         model = tiny_model()
         model.fit(stalled_dataset(400, _dip_at(30, 3.0, windows)), epochs=1, verbose=0,
                   callbacks=[UtilizationMonitor(str(tmp_path), thresholds=FAST, stop_on_alert=["gpu_util_low"],
-                                                audit=False)])
-    assert 30 < len(read_run(str(tmp_path)).steps) < 400
+                                                audit=False, flush_secs=0.5)])
+    run = read_run(str(tmp_path))
+    # Alerts are judged at each flush: one lands 0.5-1.5 s into the 3 s dip, while the 31st step waits for batch
+    # 30, and the fit ends with that step.
+    assert len(run.steps) == 31 and run.info["status"] == "finished", (len(run.steps), run.info.get("status"))
+    assert "gpu_util_low" in {alert["rule"] for alert in summarize(run)["alerts"]}
 
 
 def test_profile_is_captured_after_an_alert(tmp_path):

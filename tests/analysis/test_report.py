@@ -46,7 +46,13 @@ def test_json_report_has_the_documented_shape(logdir):
     assert runs["short/rnnmon"]["verdict"] == "insufficient-data"
     for gap in slow["idle_gaps"]:
         assert {"device", "start", "end", "cause"} <= set(gap) and gap["start"] > 1.7e9
-    assert slow["findings"] == [] or isinstance(slow["findings"], list)
+    findings = slow["findings"]  # ranked: the measured cause first, then the pipeline stages behind it
+    assert [f["code"] for f in findings] == ["INPUT_BOUND", "PIPELINE_NO_PREFETCH", "PIPELINE_SERIAL_MAP",
+                                             "PIPELINE_PY_FUNCTION"], findings
+    assert findings[0]["severity"] == "critical" and findings[0]["speedup"] > 2  # a 20 ms stall on a ~3 ms step
+    for finding in findings:
+        assert set(finding) - {"speedup"} == {"code", "severity", "where", "message", "advice"}, finding
+    assert all("python_stage" in f["message"] for f in findings[2:])  # the user's function, by name
 
 
 def test_text_report_is_readable(logdir):
