@@ -49,6 +49,7 @@ def _dip_until_alerted(index: int, seconds: float, windows: IdleWindows, alerted
     return delay
 
 
+@pytest.mark.slow
 def test_alert_fires_resolves_and_reaches_hook_log_and_report(tmp_path, caplog):
     windows, events = IdleWindows(), []
     gpu = FakeGpu(utilization=windows.utilization, pids=[os.getpid()])
@@ -67,6 +68,7 @@ def test_alert_fires_resolves_and_reaches_hook_log_and_report(tmp_path, caplog):
     assert alert["device"] == 0 and alert["end"] is not None and alert["value"] < 20
 
 
+@pytest.mark.slow
 def test_stop_on_alert_ends_training_early(tmp_path):
     windows = IdleWindows()
     with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
@@ -81,6 +83,7 @@ def test_stop_on_alert_ends_training_early(tmp_path):
     assert "gpu_util_low" in {alert["rule"] for alert in summarize(run)["alerts"]}
 
 
+@pytest.mark.slow
 def test_profile_is_captured_after_an_alert(tmp_path):
     windows, alerted = IdleWindows(), threading.Event()
     with installed(FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])):
@@ -121,6 +124,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_thresholds_file_reaches_a_running_fit(tmp_path):
     """At 60% utilization nothing fires, until a saved file raises the bar to 80%: the fit then stops itself."""
     run_dir = tmp_path / "exp"
@@ -162,6 +166,7 @@ def test_run_description_records_the_thresholds_in_effect(tmp_path):
     assert info["thresholds_source"] == "callback" and info["thresholds"]["gpu_util_low"]["pct"] == 12.0
 
 
+@pytest.mark.slow
 def test_input_wait_alert_from_an_injected_stall(tmp_path):
     events = []
     thresholds = {"input_wait_high": {"pct": 20.0, "resolve_pct": 10.0, "for_s": 0.3}}
@@ -181,6 +186,7 @@ def test_input_wait_alert_from_an_injected_stall(tmp_path):
     assert alerts[1].message.startswith("Resolved: "), alerts[1].message  # recovered, not closed by the fit's end
 
 
+@pytest.mark.slow
 def test_profile_capture_yields_to_a_running_profiler(tmp_path, caplog):
     import tensorflow as tf
 

@@ -52,6 +52,7 @@ class ScrapeDuringFit(keras.callbacks.Callback):
             self.families = scrape(self.monitor.prometheus_port)
 
 
+@pytest.mark.slow
 def test_endpoint_during_a_fit_has_every_documented_name_and_counters_grow(tmp_path, rnnmon_warnings):
     documented = documented_metrics()
     assert len(documented) == 8, documented

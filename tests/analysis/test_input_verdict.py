@@ -44,6 +44,7 @@ def test_stateful_lstm_with_two_early_stalls_is_not_input_bound(tmp_path):
     assert max(read_run(str(tmp_path)).steps[:, 4]) > 10  # the stalls were measured
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_tuned_pipeline_with_small_steps_is_never_input_bound(tmp_path):
     import tensorflow as tf

@@ -42,22 +42,26 @@ def test_input_bound_and_its_pipeline_findings(tmp_path):
     assert finding["severity"] == "critical" and "% of step time" in finding["message"]
 
 
+@pytest.mark.slow
 def test_fast_pipeline_has_no_input_findings(tmp_path):
     codes, summary = _codes(tmp_path, {"x": _fast_data()}, model=tiny_model(units=128))
     assert not {c for c in codes if c.startswith(("INPUT", "PIPELINE"))}, summary["findings"]
     assert summary["summary"].startswith("The steps keep the device busy")
 
 
+@pytest.mark.slow
 def test_host_bound_with_a_slow_callback(tmp_path):
     codes, summary = _codes(tmp_path, {"x": _fast_data()}, callbacks=[SlowAfterEachStep()])
     assert "HOST_BOUND" in codes and summary["verdict"] == "host-bound"
 
 
+@pytest.mark.slow
 def test_not_host_bound_without_it(tmp_path):
     codes, _ = _codes(tmp_path, {"x": _fast_data()}, model=tiny_model(units=128))
     assert "HOST_BOUND" not in codes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("util", "expected"), [(30.0, True), (95.0, False)])
 def test_low_work_per_step_from_gpu_utilization(tmp_path, util, expected):
     gpu = FakeGpu(utilization=util, sm_util_pct=util, pids=[os.getpid()])
@@ -69,6 +73,7 @@ def test_low_work_per_step_from_gpu_utilization(tmp_path, util, expected):
         assert f"up to {finding['speedup']:.1f}x shorter time per sample" in finding["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("idle_during_eval", [True, False])
 def test_eval_idle_when_the_gpu_waits_through_validation(tmp_path, idle_during_eval):
     windows = IdleWindows()
@@ -84,11 +89,13 @@ def test_tensorflow_without_gpu_support_is_flagged_when_nvml_sees_a_gpu(tmp_path
     assert next(f for f in summary["findings"] if f["code"] == "TF_NO_GPU")["severity"] == "critical"
 
 
+@pytest.mark.slow
 def test_no_placement_finding_without_nvml(tmp_path):
     codes, _ = _codes(tmp_path, {"x": _fast_data(12)})
     assert not codes & {"TF_NO_GPU", "PROCESS_NOT_ON_GPU"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("layer_args", "flagged"), [({"recurrent_dropout": 0.2}, True), ({}, False)])
 def test_rnn_fast_path_findings_reach_the_report(tmp_path, layer_args, flagged):
     model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(8, name="encoder", **layer_args),

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from conftest import TESTS
 
 from rnnmon.analysis.stragglers import compare_workers
@@ -72,6 +73,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_workers_write_two_runs_and_the_stalled_one_is_the_straggler(tmp_path):
     tests = TESTS
     cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
@@ -118,6 +120,7 @@ def test_worker_names_from_tf_config():
     assert worker_name({}) is None
 
 
+@pytest.mark.slow
 def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
     from conftest import stalled_dataset, tiny_model
     from rnnmon_tensorboard.plugin import RnnmonPlugin

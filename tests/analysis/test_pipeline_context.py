@@ -30,7 +30,8 @@ def _batches(stall_s: float):
 # thread takes the GIL to refill its buffer as the step returns. Against a CPU-only 8 ms step that was 6-9% of step
 # time, over the 5% where the warning becomes info; a step that waits for a device, as on a GPU, keeps it at 1-2%.
 @pytest.mark.usefixtures("no_nvml")
-@pytest.mark.parametrize(("stall_s", "severity"), [(0.0, "info"), (2 * DEVICE_S, "warning")])
+@pytest.mark.parametrize(("stall_s", "severity"),
+                         [(0.0, "info"), pytest.param(2 * DEVICE_S, "warning", marks=pytest.mark.slow)])
 def test_data_not_tf_is_a_warning_only_where_the_steps_waited(tmp_path, stall_s, severity):
     tiny_model(device_s=DEVICE_S).fit(_batches(stall_s), steps_per_epoch=BATCHES, epochs=1, verbose=0,
                                       callbacks=[UtilizationMonitor(str(tmp_path))])

@@ -18,6 +18,8 @@ from conftest import read_run, stalled_dataset, tiny_model
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
 
+pytestmark = pytest.mark.slow  # rounds of alternating fits: 20 s
+
 ROUNDS = 4
 
 

@@ -46,6 +46,7 @@ def test_a_model_without_preprocessing_layers_is_not_flagged():
     assert not [f for f in rnnmon.audit(tiny_model()) if f.code == "PREPROCESSING_IN_MODEL"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_one_monitor_logs_findings_and_cpu_only_once_over_several_fits(tmp_path, rnnmon_warnings):
     import keras

@@ -65,6 +65,7 @@ def test_a_mask_blocks_the_fast_path_where_the_backend_takes_none(backend, versi
         assert "cuDNN kernel still runs" not in finding.message and "unmasked input" in finding.advice
 
 
+@pytest.mark.slow
 def test_rules_agree_with_the_installed_keras_backends():
     """The installed Keras's own code: masks never reach the JAX/torch fast path, JAX's GRU is a scan."""
     version = tuple(int(p) for p in keras.__version__.split(".")[:2])

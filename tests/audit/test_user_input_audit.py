@@ -72,6 +72,7 @@ def test_numpy_arrays_get_no_finding_about_kerass_own_pipeline(tmp_path):
     assert _recorded_codes(tmp_path, x, y=y, batch_size=BATCH) == []
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_numpy_arrays_with_a_small_batch_get_small_batch(tmp_path):
     x, y = sequences(2)
@@ -87,6 +88,7 @@ def test_tf_data_findings_name_the_users_function_and_where_it_is_defined(tmp_pa
     assert f"MapDataset(_python_decode) (defined at test_user_input_audit.py:{line})" in finding["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_generator_gets_data_not_tf_naming_the_generator(tmp_path):
     assert _recorded_codes(tmp_path, _generator()) == [("DATA_NOT_TF", "warning")]
@@ -95,6 +97,7 @@ def test_generator_gets_data_not_tf_naming_the_generator(tmp_path):
     assert "FlatMapDataset" not in finding["where"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_single_worker_py_dataset_gets_data_not_tf(tmp_path):
     assert _recorded_codes(tmp_path, Batches()) == [("DATA_NOT_TF", "warning")]
@@ -125,6 +128,7 @@ def test_py_dataset_with_its_own_init_is_told_to_pass_workers_to_super():
                                      "in `Windows.__init__`")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 @pytest.mark.parametrize("use_multiprocessing", [False, True], ids=["threads", "processes"])
 def test_py_dataset_with_workers_gets_no_pipeline_advice(tmp_path, use_multiprocessing):
@@ -150,6 +154,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_other_backends_audit_the_users_input(tmp_path, backend):
     if importlib.util.find_spec(backend) is None:

@@ -15,6 +15,8 @@ import textwrap
 import pytest
 from conftest import TESTS, read_run
 
+pytestmark = pytest.mark.slow  # a fit in a process of its own with forked workers: 5-7 s each
+
 SCRIPT = textwrap.dedent("""
     import multiprocessing, sys
     sys.path.insert(0, {tests!r})

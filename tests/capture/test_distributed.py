@@ -8,7 +8,10 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 from conftest import read_run
+
+pytestmark = pytest.mark.slow  # two fits in a process of its own: 10 s
 
 WORKER = textwrap.dedent("""
     import json, sys, time

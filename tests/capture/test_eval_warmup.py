@@ -21,6 +21,7 @@ from rnnmon.format import schema
 WARMUP, EVAL, EPOCH_END = (schema.PHASE_KINDS.index(kind) for kind in ("warmup", "eval", "epoch_end"))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_first_validation_batch_is_warmup_not_validation(tmp_path):
     x, y = sequences(12)

@@ -67,6 +67,7 @@ def _finished_run(run_dir, within_s: float):
     return read_run(str(run_dir))
 
 
+@pytest.mark.slow
 def test_hung_driver_neither_holds_up_writes_nor_the_end_of_fit(tmp_path, caplog):
     lib = FakeNvmlLib([FakeGpu(pids=[os.getpid()])])
     seen: dict[str, int] = {}
@@ -98,6 +99,7 @@ def test_hung_driver_neither_holds_up_writes_nor_the_end_of_fit(tmp_path, caplog
     assert run.info["status"] == "finished" and len(run.steps) == 120
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_alert_hook_that_exits_ends_hooks_not_recording(tmp_path, caplog):
     calls = []
@@ -142,6 +144,7 @@ def _fill(path) -> None:
             f.flush()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_full_disk_is_survived_and_the_status_lands_when_space_returns(small_disk, caplog):
     filler = small_disk / "filler"
@@ -163,6 +166,7 @@ def test_full_disk_is_survived_and_the_status_lands_when_space_returns(small_dis
     assert any("writing to" in m and "again" in m for m in _messages(caplog, logging.WARNING))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_deleted_log_dir_is_recreated_with_a_warning(tmp_path, caplog):
     log_dir = tmp_path / "exp"
@@ -272,6 +276,7 @@ def freezable_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_a_write_that_blocks_holds_up_the_end_of_fit_5_s_at_most(freezable_disk, caplog):
     thaw = threading.Timer(30, subprocess.run, (["fsfreeze", "-u", str(freezable_disk)],))  # a hang fails, ends

@@ -37,6 +37,7 @@ def no_nvml_module():
         yield
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 @pytest.mark.parametrize("stall_ms", [5, 20])
 @pytest.mark.parametrize("prefetch", ["none", "injected", "explicit"])
@@ -50,6 +51,7 @@ def test_measured_wait_matches_injected_stall(tmp_path, stall_ms, prefetch, pipe
     assert run.steps.shape[0] == STEPS
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_no_stall_means_small_input_wait(tmp_path):
     import tensorflow as tf
@@ -83,6 +85,7 @@ def test_steps_per_execution_above_one_keeps_the_graph_loop_by_default(tmp_path)
     assert summarize(run)["input_wait_ms"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_steps_per_execution_above_one_measures_when_asked(tmp_path, pipeline_ms):
     model = tiny_model(steps_per_execution=4)

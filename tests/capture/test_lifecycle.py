@@ -42,6 +42,7 @@ def test_one_instance_serves_repeated_fits(tmp_path):
     assert run.steps[:, 0].tolist() == list(range(1, 49))  # global steps continue across fits
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 @pytest.mark.parametrize("same_instance", [True, False])
 def test_aborted_fit_then_new_fit_leaves_nothing_behind(tmp_path, same_instance):
@@ -91,6 +92,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted")])
 def test_signals_write_everything_before_the_process_ends(tmp_path, signum, status):
     script = CHILD.format(tests=TESTS, logdir=str(tmp_path))
@@ -115,6 +117,7 @@ def test_signals_write_everything_before_the_process_ends(tmp_path, signum, stat
     assert len(run.steps) > 20 and run.info["steps"] == len(run.steps)  # flush_secs=5: only the exit path wrote
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_unwritable_log_dir_trains_unmonitored_with_one_error(tmp_path, caplog):
     blocker = tmp_path / "not_a_dir"
@@ -140,6 +143,7 @@ def _wait_until(condition, timeout_s: float = 5.0) -> bool:
     return condition()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_exception_in_a_later_callback_ends_monitoring_without_on_train_end(tmp_path):
     model = tiny_model()
@@ -154,6 +158,7 @@ def test_exception_in_a_later_callback_ends_monitoring_without_on_train_end(tmp_
     assert run.info["status"] == "failed" and len(run.steps) == 12
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_second_monitor_in_one_fit_is_refused_with_one_error(tmp_path, caplog):
     first, second = UtilizationMonitor(str(tmp_path / "a")), UtilizationMonitor(str(tmp_path / "b"))

@@ -13,6 +13,8 @@ from conftest import read_run
 
 from rnnmon.analysis.summary import summarize
 
+pytestmark = pytest.mark.slow  # a fit in a JAX or torch process: 6-15 s each
+
 SCRIPT = textwrap.dedent("""
     import time
     import numpy as np, keras, rnnmon

@@ -19,6 +19,8 @@ from fake_nvml import FakeGpu, FakeNvmlLib, installed
 
 from rnnmon import UtilizationMonitor
 
+pytestmark = pytest.mark.slow  # three fits and full collections: 5 s each
+
 HEAVY = (types.FrameType, types.TracebackType, types.GeneratorType, BaseException)
 
 

@@ -22,7 +22,7 @@ def _train(callbacks, steps_per_execution=1):
 
 
 @pytest.mark.usefixtures("no_nvml")
-@pytest.mark.parametrize(("steps_per_execution", "measure"), [(1, None), (3, True)])
+@pytest.mark.parametrize(("steps_per_execution", "measure"), [(1, None), pytest.param(3, True, marks=pytest.mark.slow)])
 def test_losses_and_weights_identical(tmp_path, steps_per_execution, measure):
     plain_history, plain_weights = _train([], steps_per_execution)
     monitor = UtilizationMonitor(str(tmp_path), measure_input_wait=measure)

@@ -25,6 +25,8 @@ from rnnmon.format.writer import SummaryWriter
 from rnnmon.report import build_report, render_text
 
 FUZZ_S = float(os.environ.get("RNNMON_FUZZ_S", "8"))  # per test; raise it for a longer hunt
+# A second of another seed keeps each test in the fast loop (-m "not slow"); the hunt runs in the full suite.
+BUDGETS = [pytest.param(1.0, 12, id="quick"), pytest.param(FUZZ_S, 13, id="hunt", marks=pytest.mark.slow)]
 T0 = 1_790_000_000.0
 
 
@@ -130,11 +132,12 @@ def damaged_logdir(tmp_path):
     return tmp_path, {path: pathlib.Path(path).read_bytes() for path in files}
 
 
-def test_damaged_event_files_never_break_the_reader_or_the_report(damaged_logdir):
+@pytest.mark.parametrize(("seconds", "seed"), BUDGETS)
+def test_damaged_event_files_never_break_the_reader_or_the_report(damaged_logdir, seconds, seed):
     logdir, pristine = damaged_logdir
-    rng = random.Random(12)
+    rng = random.Random(seed)
     rounds, errors_seen = 0, 0
-    deadline = time.monotonic() + FUZZ_S
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         for path, data in pristine.items():
             if rng.random() < 0.7:
@@ -161,7 +164,8 @@ def _random_query(rng: random.Random) -> dict[str, str]:
     return query
 
 
-def test_random_queries_on_damaged_runs_never_answer_500(damaged_logdir):
+@pytest.mark.parametrize(("seconds", "seed"), BUDGETS)
+def test_random_queries_on_damaged_runs_never_answer_500(damaged_logdir, seconds, seed):
     from rnnmon_tensorboard.plugin import RnnmonPlugin
     from tensorboard.backend import application
     from tensorboard.backend.event_processing import data_provider, event_accumulator, plugin_event_multiplexer
@@ -169,7 +173,7 @@ def test_random_queries_on_damaged_runs_never_answer_500(damaged_logdir):
     from werkzeug import test as werkzeug_test
 
     logdir, pristine = damaged_logdir
-    rng = random.Random(34)
+    rng = random.Random(seed)
     for path, data in pristine.items():
         _damage(rng, path, data)
     multiplexer = plugin_event_multiplexer.EventMultiplexer(size_guidance={event_accumulator.TENSORS: 0})
@@ -179,7 +183,7 @@ def test_random_queries_on_damaged_runs_never_answer_500(damaged_logdir):
     plugin = RnnmonPlugin(base_plugin.TBContext(logdir=str(logdir), data_provider=provider))
     client = werkzeug_test.Client(application.TensorBoardWSGI([plugin]))
     answered = []
-    deadline = time.monotonic() + FUZZ_S
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         route = rng.choice(("runs", "timeline", "summary", "thresholds"))
         query = urllib.parse.urlencode(_random_query(rng))

@@ -201,6 +201,7 @@ def test_an_invalid_record_is_an_error_of_its_run_only(tmp_path, tag, tensor, co
     json.dumps(report)
 
 
+@pytest.mark.slow
 def test_ten_thousand_files_read_in_seconds(tmp_path):
     run_dir = tmp_path / "many" / "rnnmon"
     writer = SummaryWriter(str(run_dir))  # one fit per file, as a job restarted 10,000 times leaves them

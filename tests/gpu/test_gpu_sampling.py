@@ -28,6 +28,7 @@ def _stall_at(index: int, seconds: float, windows: IdleWindows):
     return delay
 
 
+@pytest.mark.slow
 def test_idle_dip_becomes_a_gap_with_the_right_cause(tmp_path):
     windows = IdleWindows()
     lib = FakeNvmlLib([FakeGpu(utilization=windows.utilization, pids=[os.getpid()])])
@@ -50,6 +51,7 @@ def test_idle_dip_becomes_a_gap_with_the_right_cause(tmp_path):
     assert gpu["power_mean_w"] == pytest.approx(350.0) and gpu["sm_activity_mean"] == pytest.approx(80.0)
 
 
+@pytest.mark.slow
 def test_samples_keep_driver_resolution_and_calibrate_onto_host_time(tmp_path):
     lib = FakeNvmlLib([FakeGpu(utilization=lambda t: 50.0 + 40.0 * (int(t * 6) % 2))])
     with installed(lib):
@@ -72,6 +74,7 @@ FAILURES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", sorted(FAILURES))
 def test_nvml_failures_leave_na_and_one_warning(tmp_path, failure, rnnmon_warnings):
     options, words = FAILURES[failure]
@@ -128,6 +131,7 @@ def test_device_selection_follows_cuda_visible_devices_and_process_list():
         nvml.shutdown()
 
 
+@pytest.mark.slow
 def test_without_the_sample_buffer_utilization_falls_back_to_readings(tmp_path, rnnmon_warnings):
     lib = FakeNvmlLib([FakeGpu(utilization=42.0)], missing={"nvmlDeviceGetSamples"})
     with installed(lib):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from conftest import TESTS, read_run
 
 from rnnmon.analysis.imbalance import device_imbalance
@@ -37,6 +38,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_gets_a_row_per_gpu_and_the_idle_one_is_flagged(tmp_path):
     tests = TESTS
     result = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path), tests], capture_output=True, text=True,

@@ -576,6 +576,7 @@ def long_logdir(tmp_path_factory):
     ["--load_fast=false"],  # the Python loader
     ["--samples_per_plugin=rnnmon=10"],  # a local log directory: the tab reads the files, whatever TensorBoard keeps
 ])
+@pytest.mark.slow
 def test_real_tensorboard_serves_every_chunk(long_logdir, flags):
     port = _free_port()
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", long_logdir, "--port", str(port),

@@ -27,7 +27,7 @@ from rnnmon.alerts.thresholds_file import THRESHOLDS_FILE, load_thresholds_file,
 from rnnmon.format import schema
 from rnnmon.format.writer import SummaryWriter
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 sync_api = pytest.importorskip("playwright.sync_api")
 
 ARTIFACTS = os.path.join(ROOT, "artifacts")

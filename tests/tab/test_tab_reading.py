@@ -210,6 +210,7 @@ def _cpu_s(pid: int) -> float:
     return sum(stats[p][1] for p in tree if p in stats) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["--load_fast=true", "--load_fast=false"])  # the Rust data server, Python's
 def test_real_tensorboard_refuses_a_huge_shape_and_shows_both_writers(hostile_logdir, loader):
     with socket.socket() as s:
