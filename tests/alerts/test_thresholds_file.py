@@ -146,6 +146,7 @@ def test_world_writable_folder_is_not_searched(tmp_path):
     assert files == [str(tmp_path / "open" / "exp" / THRESHOLDS_FILE)]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_a_bad_file_is_one_warning_and_the_thresholds_in_force_stay(tmp_path, caplog):
     from conftest import read_run, stalled_dataset, tiny_model

@@ -29,6 +29,7 @@ def _summary(tmp_path, model, dataset):
     return summarize(read_run(str(tmp_path)))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_stateful_lstm_with_two_early_stalls_is_not_input_bound(tmp_path):
     import keras

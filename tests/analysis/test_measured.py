@@ -35,6 +35,7 @@ class SlowAfterEachStep(keras.callbacks.Callback):
         time.sleep(0.004)
 
 
+@pytest.mark.slow
 def test_input_bound_and_its_pipeline_findings(tmp_path):
     codes, summary = _codes(tmp_path, {"x": stalled_dataset(30, 0.02, prefetch="none")})
     assert {"INPUT_BOUND", "PIPELINE_PY_FUNCTION", "PIPELINE_SERIAL_MAP"} <= codes

@@ -79,6 +79,7 @@ def test_numpy_arrays_with_a_small_batch_get_small_batch(tmp_path):
     assert _recorded_codes(tmp_path, x, y=y, batch_size=8) == [("SMALL_BATCH", "warning")]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_tf_data_findings_name_the_users_function_and_where_it_is_defined(tmp_path):
     codes = _recorded_codes(tmp_path, _tf_data())

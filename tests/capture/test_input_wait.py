@@ -65,6 +65,7 @@ def test_no_stall_means_small_input_wait(tmp_path):
     assert summary["verdict"] != "input-bound"
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_stall_makes_the_run_input_bound(tmp_path):
     run, _, _ = _fit_and_read(tmp_path, stalled_dataset(STEPS, 0.02, prefetch="none"))

@@ -140,6 +140,7 @@ def test_mig_instance_uses_per_instance_gpm_in_place_of_utilization():
     assert lib.gpm_samples_allocated == 0
 
 
+@pytest.mark.slow
 def test_mig_without_gpm_reports_no_utilization_and_keeps_step_gaps(tmp_path, monkeypatch):
     mig = FakeMig()
     lib = FakeNvmlLib([FakeGpu(), FakeGpu(mig=[mig], gpm_supported=False, pids=[os.getpid()])])
