@@ -110,7 +110,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
     plugin_name = schema.PLUGIN_NAME
 
     def __init__(self, context: base_plugin.TBContext, read_ahead_runs: int = READ_AHEAD_RUNS,
-                 read_ahead_bytes: int = READ_AHEAD_BYTES) -> None:
+                 read_ahead_bytes: int = READ_AHEAD_BYTES, live_window_s: float = LIVE_WINDOW_S) -> None:
         self._data_provider = context.data_provider
         self._cache: collections.OrderedDict[tuple[str, str], _CachedRun] = collections.OrderedDict()
         self._live: dict[tuple[str, str], _LiveRun] = {}  # running runs: decoded chunks, kept across versions
@@ -121,6 +121,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self._plotly_gz: bytes | None = None
         self._thresholds = ThresholdsStore(context.logdir)
         self._read_ahead_runs, self._read_ahead_bytes = read_ahead_runs, read_ahead_bytes
+        self._live_window_s = live_window_s
         self.read_ahead = ReadAhead()  # reads runs /runs listed before the tab asks for them (local log directories)
 
     def get_plugin_apps(self) -> dict[str, Any]:
@@ -206,13 +207,13 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 problems = [error] if error else []
             status = str(info.get("status", "unknown"))
             if status == "running":
-                status = "live" if now - last_write <= LIVE_WINDOW_S else "stalled"
+                status = "live" if now - last_write <= self._live_window_s else "stalled"
             runs.append({"run": run, "name": _display_name(run), "status": status, "live": status == "live",
                          "last_write": last_write, "age_s": round(now - last_write, 1),
                          "start": info.get("start"), "errors": problems})
         if self._local:
             self._offer_reads(ctx, experiment, runs, file_bytes)
-        return {"runs": runs, "live_window_s": LIVE_WINDOW_S, "worker_run_pattern": schema.WORKER_RUN.pattern}
+        return {"runs": runs, "live_window_s": self._live_window_s, "worker_run_pattern": schema.WORKER_RUN.pattern}
 
     def _offer_reads(self, ctx: Any, experiment: str, runs: list[dict[str, Any]], file_bytes: dict[str, int]) -> None:
         """Offer the background reader the runs the tab is likely to open next: the one it shows first (the first

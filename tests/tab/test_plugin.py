@@ -191,16 +191,15 @@ def test_runs_serve_the_worker_run_pattern_python_recognises(client):
         assert bool(re.search(pattern, run)) == (worker_of(run) is not None) == (run not in others), run
 
 
-def test_running_run_is_live_then_stalled(tmp_path, monkeypatch):
+def test_running_run_is_live_then_stalled(tmp_path):
     write_gpu_run(str(tmp_path / "now" / "rnnmon"), 3, status="running")
     multiplexer = plugin_event_multiplexer.EventMultiplexer()
     multiplexer.AddRunsFromDirectory(str(tmp_path))
     multiplexer.Reload()
-    plugin = RnnmonPlugin(base_plugin.TBContext(
-        data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))))
-    assert plugin.runs_impl(context.RequestContext(), "")["runs"][0]["status"] == "live"
-    monkeypatch.setattr(plugin_module, "LIVE_WINDOW_S", -1.0)
-    assert plugin.runs_impl(context.RequestContext(), "")["runs"][0]["status"] == "stalled"
+    tb_context = base_plugin.TBContext(data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path)))
+    plugins = [RnnmonPlugin(tb_context, live_window_s=window) for window in (plugin_module.LIVE_WINDOW_S, -1.0)]
+    status = [plugin.runs_impl(context.RequestContext(), "")["runs"][0]["status"] for plugin in plugins]
+    assert status == ["live", "stalled"]
 
 
 def test_timeline_of_a_cpu_fit(client):
