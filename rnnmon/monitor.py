@@ -62,6 +62,7 @@ LOG = logging.getLogger("rnnmon")
 NA = math.nan
 _RUNNING: weakref.WeakSet[UtilizationMonitor] = weakref.WeakSet()  # monitors whose fit has not ended yet
 _FINISH_WAIT_S = 5.0  # the longest a fit's end waits for rnnmon's last write
+_HOOK_WAIT_S = 3.0  # then the longest it waits for the on_alert hook to take the last alerts
 _RETRY_AFTER_FIT_S = 600.0  # a final write the disk refused is retried this long in the background
 
 
@@ -89,8 +90,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
         thresholds: Alert thresholds, a `rnnmon.Thresholds` or a dict of the same shape. A thresholds file
             saved by the TensorBoard tab in `log_dir` or up to three folders above it replaces them within one
             flush while `watch_thresholds` is True. Defaults to `Thresholds()`.
-        on_alert: Called with each `AlertEvent` (firing and resolved), on rnnmon's background thread.
-            Defaults to `None`.
+        on_alert: Called with each `AlertEvent` (firing and resolved), in order, on a thread of its own
+            (`rnnmon-hooks`), so a slow hook never holds up the record. At most 100 events wait for it; later
+            ones are dropped (and counted in a warning) until it catches up. The end of a fit waits for it at
+            most 3 s, after everything is on disk. Defaults to `None`.
         stop_on_alert: Stop training when an alert fires: True for any rule, or a list of rule names.
             Defaults to `False`.
         profile_steps_on_alert: Capture a profiler trace of this many steps after the first alert, into
@@ -349,7 +352,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def _finish(self, status: str) -> None:
         """Stop sampling, restore Keras, and get everything to disk; safe to call from any exit path and thread.
 
-        The last write runs on the writer thread; the caller waits for it at most `_FINISH_WAIT_S`.
+        The last write runs on the writer thread; the caller waits for it at most `_FINISH_WAIT_S`, then for the
+        alert hook to take the last alerts at most `_HOOK_WAIT_S`.
         """
         with self._finish_lock:
             if not self._active or os.getpid() != self._pid:
@@ -366,11 +370,12 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._poller.stop(timeout_s=0)
         self._flusher.stop(timeout_s=0)  # its thread writes the end (`_write_final`)
         if threading.current_thread() is not self._flusher.thread and not self._final_done.wait(_FINISH_WAIT_S):
-            LOG.error("rnnmon: the last write to %s did not finish within %.0f s (hung disk or driver); steps after "
+            LOG.error("rnnmon: the last write to %s did not finish within %.0f s (a hung disk?); steps after "
                       "%d and the final status may be missing. It goes on in the background.", self.run_dir,
                       _FINISH_WAIT_S, self._recorder.last_step)
         elif self._final_done.is_set():
             self._flusher.stop(timeout_s=1.0)  # it only has to return now
+            self._alerting.join_hooks(_HOOK_WAIT_S)  # the record is on disk: a slow hook costs only its alerts
         self._exits.release()
 
     def _write_final(self) -> None:
@@ -390,6 +395,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._writer.json(schema.RUN_TAG, self._run_info)
             written = self._writer.flush()
         finally:
+            self._alerting.close()  # the hook thread ends once it has delivered the last alerts
             if self._sampler is not None and polled:
                 self._sampler.close()  # (behind a hung call it would wait for the driver's deadline)
             self._nvml.shutdown()  # a poll still hung in the driver then ends at its next query

@@ -1,13 +1,16 @@
 """Acting on alerts: rules are judged on every chunk, and each alert is logged, recorded and handed on.
 
-Runs on rnnmon's background thread. Thresholds come from the callback, and a thresholds file saved by the
-TensorBoard tab in the run's log directory or a few folders above it (see rnnmon.alerts.thresholds_file)
-replaces them within one flush.
+Runs on rnnmon's writer thread, except the user's `on_alert` hook, which gets the events on a thread of its own
+(rnnmon.alerts.hooks) so that a slow hook never holds up the record. Thresholds come from the callback, and a
+thresholds file saved by the TensorBoard tab in the run's log directory or a few folders above it (see
+rnnmon.alerts.thresholds_file) replaces them within one flush.
 
 Example:
     >>> alerting = Alerting(Thresholds(), log_dir="runs/exp1", writer=writer, wall_offset_s=offset)
     >>> alerting.on_chunk(chunk)          # from Recorder(on_chunk=...)
     >>> alerting.finish(time.perf_counter())
+    >>> alerting.close()                  # after the last write
+    >>> alerting.join_hooks(3.0)          # from the thread that waits for the end of the fit
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import os
 from collections.abc import Callable
 
+from rnnmon.alerts.hooks import HookThread
 from rnnmon.alerts.rules import AlertEngine, AlertEvent
 from rnnmon.alerts.thresholds import Thresholds
 from rnnmon.alerts.thresholds_file import load_thresholds_file, thresholds_files
@@ -33,8 +37,9 @@ class Alerting:
         log_dir: The run's log directory, searched (and its parents) for a thresholds file.
         writer: Where alert events are recorded (`rnnmon/alerts`).
         wall_offset_s: Monotonic-to-Unix offset of the chunks' times.
-        on_alert: Called with every event, on the background thread.
-        on_fire: Called with every firing event after `on_alert` (stop training, start a profile).
+        on_alert: Called with every event, on a thread of its own (see rnnmon.alerts.hooks).
+        on_fire: Called with every firing event on the writer thread (stop training, start a profile): it must
+            not wait on anything.
         on_change: Called with this object when a thresholds file replaces the thresholds during the fit.
         watch_file: Follow the thresholds file. Defaults to `True`.
         thresholds_root: The highest folder searched for it (TensorBoard's `--logdir`). Defaults to `None`:
@@ -48,10 +53,9 @@ class Alerting:
                  thresholds_root: str | None = None) -> None:
         self._writer = writer
         self._wall_offset_s = wall_offset_s
-        self._on_alert = on_alert
+        self._hooks = HookThread(on_alert) if on_alert is not None else None
         self._on_fire = on_fire
         self._on_change = on_change
-        self._hooks_off = False
         self.source = "callback"  # or the path of the thresholds file in use
         self._files = thresholds_files(log_dir, thresholds_root) if watch_file else []
         self._seen: tuple[str, float] | None = None
@@ -73,6 +77,15 @@ class Alerting:
 
     def finish(self, now: float) -> None:
         self._deliver(self._engine.finish(now))
+
+    def close(self) -> None:
+        """No more events: the hook thread ends once it has delivered those it was handed."""
+        if self._hooks is not None:
+            self._hooks.close()
+
+    def join_hooks(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the hook to take every event; past it, one ERROR names the hook."""
+        return self._hooks is None or self._hooks.join(timeout_s)
 
     def _reload(self, now: float | None) -> None:
         """Switch to the nearest thresholds file when it appears or changes; a bad file is logged and skipped."""
@@ -115,16 +128,7 @@ class Alerting:
                 LOG.warning("rnnmon alert %s%s: %s", event.rule, where, event.message)
             else:
                 LOG.info("rnnmon alert %s%s resolved: %s", event.rule, where, event.message)
-            for hook in (self._on_alert, self._on_fire if event.state == "firing" else None):
-                if hook is None or self._hooks_off:
-                    continue
-                try:
-                    hook(event)
-                except (SystemExit, KeyboardInterrupt) as error:  # on rnnmon's thread: it cannot end the fit
-                    self._hooks_off = True
-                    LOG.error("rnnmon: the alert hook raised %s on %s; alert hooks are off for the rest of the fit "
-                              "(recording goes on). Use stop_on_alert to end training on an alert.",
-                              type(error).__name__, event.rule)
-                    return
-                except Exception:
-                    LOG.exception("rnnmon: the alert hook failed on %s", event.rule)
+            if self._hooks is not None:
+                self._hooks.submit(event)
+            if self._on_fire is not None and event.state == "firing":
+                self._on_fire(event)
