@@ -5,14 +5,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
+import keras
 import pytest
-from conftest import TESTS, read_run, run_status, stalled_dataset, tiny_model
+from conftest import read_run, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
 from idle_windows import IdleWindows
 
@@ -110,51 +108,51 @@ def test_unknown_stop_rule_is_rejected():
         UtilizationMonitor("logs", stop_on_alert=["gpu_too_hot"])
 
 
-CHILD = textwrap.dedent("""
-    import os, sys, time
-    sys.path.insert(0, {tests!r})
-    from conftest import stalled_dataset, tiny_model
-    from fake_nvml import FakeGpu, FakeNvmlLib, installed
-    from rnnmon import UtilizationMonitor
+class SaveThresholds(keras.callbacks.Callback):
+    """Saves `thresholds` at `path` once steps have run `after_s` seconds (as the tab does while a fit runs), and
+    stops the fit `give_up_s` later if nothing else has."""
 
-    with installed(FakeNvmlLib([FakeGpu(utilization=60.0, pids=[os.getpid()])])):
-        tiny_model().fit(stalled_dataset(10_000, 0.005), epochs=1, verbose=0,
-                         callbacks=[UtilizationMonitor({logdir!r}, thresholds={{"gpu_util_low": {{"for_s": 1.0}}}},
-                                                       stop_on_alert=True, audit=False)])
-""")
+    def __init__(self, path, thresholds: Thresholds, after_s: float, give_up_s: float = 30.0) -> None:
+        super().__init__()
+        self.path, self.thresholds, self.after_s, self.give_up_s = path, thresholds, after_s, give_up_s
+        self.began = self.saved_at = self.ended_at = None
+        self.gave_up = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.monotonic()
+        self.began = self.began or now
+        if self.saved_at is None and now - self.began >= self.after_s:
+            save_thresholds_file(self.path, self.thresholds)
+            self.saved_at = now
+        elif self.saved_at is not None and now - self.saved_at > self.give_up_s:
+            self.gave_up = self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        self.ended_at = time.monotonic()
 
 
 @pytest.mark.slow
-def test_thresholds_file_reaches_a_running_fit(tmp_path):
+def test_thresholds_file_reaches_a_running_fit(tmp_path, caplog):
     """At 60% utilization nothing fires, until a saved file raises the bar to 80%: the fit then stops itself."""
     run_dir = tmp_path / "exp"
-    script = CHILD.format(tests=TESTS, logdir=str(run_dir))
-    log = tmp_path / "child.log"
-    with open(log, "w") as stderr_file:
-        child = subprocess.Popen([sys.executable, "-c", script], stderr=stderr_file)
-    try:
-        deadline = time.monotonic() + 60
-        while run_status(run_dir) is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)
-        assert run_status(run_dir) == "running"  # no alert at the callback's thresholds
-        raised = Thresholds.from_dict({"gpu_util_low": {"pct": 80.0, "resolve_pct": 85.0, "for_s": 1.0}})
-        save_thresholds_file(tmp_path / THRESHOLDS_FILE, raised)  # one folder above the run, as the tab saves
-        saved_at = time.monotonic()
-        while run_status(run_dir) == "running" and time.monotonic() - saved_at < 20:
-            time.sleep(0.2)
-        assert run_status(run_dir) == "finished" and time.monotonic() - saved_at < 10
-        # (The process itself may not exit: TensorFlow can hang at interpreter exit after a py_function
-        # pipeline is abandoned mid-epoch, with or without rnnmon.)
-    finally:
-        child.kill()
-        child.wait()
-    stderr = log.read_text()
-    assert "alert thresholds now come from" in stderr and "rnnmon alert gpu_util_low" in stderr
-    alerts = summarize(read_run(str(run_dir)))["alerts"]
-    assert next(a["threshold"] for a in alerts if a["rule"] == "gpu_util_low") == 80.0
-    info = read_run(str(run_dir)).info
-    assert info["thresholds"]["gpu_util_low"]["pct"] == 80.0 and info["thresholds_source"].endswith(THRESHOLDS_FILE)
+    raised = Thresholds.from_dict({"gpu_util_low": {"pct": 80.0, "resolve_pct": 85.0, "for_s": 1.0}})
+    saver = SaveThresholds(tmp_path / THRESHOLDS_FILE, raised, after_s=1.5)  # one folder above the run, as the tab
+    with installed(FakeNvmlLib([FakeGpu(utilization=60.0, pids=[os.getpid()])])):
+        tiny_model().fit(stalled_dataset(10_000, 0.005), epochs=1, verbose=0, callbacks=[
+            UtilizationMonitor(str(run_dir), thresholds={"gpu_util_low": {"for_s": 1.0}}, stop_on_alert=True,
+                               audit=False, flush_secs=0.5), saver])
+    assert saver.saved_at is not None and not saver.gave_up  # stopped by the alert, not by the test's limit
+    assert saver.ended_at - saver.saved_at < 10
+    messages = [r.getMessage() for r in caplog.records if r.name == "rnnmon"]
+    assert any("alert thresholds now come from" in m for m in messages)
+    assert any("rnnmon alert gpu_util_low" in m for m in messages)
+    run = read_run(str(run_dir))
+    alerts = summarize(run)["alerts"]
+    # no alert at the callback's 20% during the 1.5 s (three flushes, each judging a whole 1 s window) before
+    assert {a["threshold"] for a in alerts if a["rule"] == "gpu_util_low"} == {80.0}
+    assert run.info["status"] == "finished"
+    assert run.info["thresholds"]["gpu_util_low"]["pct"] == 80.0
+    assert run.info["thresholds_source"].endswith(THRESHOLDS_FILE)
     assert json.loads((tmp_path / THRESHOLDS_FILE).read_text())["gpu_util_low"]["pct"] == 80.0
 
 
