@@ -1,9 +1,12 @@
 """Gets the record to disk however a fit ends: SIGTERM, Ctrl-C (SIGINT) or interpreter exit.
 
 Handlers are installed only from the main thread, chain to whatever was there before, and are removed again
-by `release()`. They act only in the process that installed them: a forked child (a `PyDataset` worker, a
-`multiprocessing` pool started in a callback) gets them disarmed by `os.register_at_fork`, and a handler that
-still runs in another process (a fork that skipped the at-fork hooks) just does what was there before.
+by `release()`. A signal the process ignores stays ignored (a `cmd &` job of a non-interactive shell, `nohup cmd &`
+included, ignores SIGINT), and one whose handler was set outside Python is left alone: rnnmon installs nothing
+for either, so neither ends the record of a fit that trains on. They act only in the process that installed
+them: a forked child (a `PyDataset` worker, a `multiprocessing` pool started in a callback) gets them disarmed by
+`os.register_at_fork`, and a handler that still runs in another process (a fork that skipped the at-fork hooks)
+just does what was there before.
 
 Example:
     >>> guard = ExitGuard(lambda status: monitor_finish(status))
@@ -38,7 +41,10 @@ class ExitGuard:
         atexit.register(self._at_exit)
         if threading.current_thread() is threading.main_thread():
             for signum in _STATUS:
-                self._previous[signum] = signal.signal(signum, self._on_signal)
+                previous = signal.getsignal(signum)
+                if previous not in (signal.SIG_IGN, None):  # None: set outside Python, cannot be chained
+                    self._previous[signum] = previous
+                    signal.signal(signum, self._on_signal)
         _ARMED.add(self)
 
     def release(self) -> None:
@@ -59,7 +65,7 @@ class ExitGuard:
         if os.getpid() == self._pid:
             self._finish(_STATUS[signum])  # releases this guard, restoring `previous`
         else:  # a child that inherited the handler: behave as if rnnmon were not there
-            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            signal.signal(signum, previous)
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL:

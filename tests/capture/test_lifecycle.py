@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -115,6 +116,74 @@ def test_signals_write_everything_before_the_process_ends(tmp_path, signum, stat
     run = read_run(str(tmp_path))
     assert run.info["status"] == status
     assert len(run.steps) > 20 and run.info["steps"] == len(run.steps)  # flush_secs=5: only the exit path wrote
+
+
+IGNORING_CHILD = textwrap.dedent("""
+    import signal, sys
+    sys.path.insert(0, {tests!r})
+    import keras
+    from conftest import stalled_dataset, tiny_model
+    from fake_nvml import library_missing
+    from rnnmon import UtilizationMonitor
+
+    class Ready(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 20:
+                print("ready", signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)
+
+    with library_missing():
+        tiny_model().fit(stalled_dataset(300, 0.01), epochs=1, verbose=0,
+                         callbacks=[UtilizationMonitor({logdir!r}, flush_secs=5), Ready()])
+    print("trained", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_sigint_to_a_process_that_ignores_it_neither_stops_the_fit_nor_ends_the_record(tmp_path):
+    """As a `cmd &` job of a non-interactive shell: started with SIGINT ignored, it stays ignored (this used to end
+    the record "interrupted" at the signal while training ran on)."""
+    script = IGNORING_CHILD.format(tests=TESTS, logdir=str(tmp_path))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec, as a shell starts the job
+    try:
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert child.stdout.readline().split() == ["ready", "True"]  # rnnmon installed nothing over SIG_IGN
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=120) == 0
+        assert child.stdout.read().split() == ["trained"]
+    finally:
+        child.kill()
+        child.wait()
+    run = read_run(str(tmp_path))
+    assert run.info["status"] == "finished" and len(run.steps) == run.info["steps"] == 300
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_a_users_sigint_handler_runs_after_rnnmon_has_written_the_record(tmp_path):
+    model, seen = tiny_model(), []
+
+    def handler(signum, frame):  # e.g. "stop after this batch, then save"
+        seen.append(run_status(tmp_path))
+        model.stop_training = True
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 5:
+                os.kill(os.getpid(), signal.SIGINT)  # handled on this thread before the next batch
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        model.fit(stalled_dataset(200), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path)), Interrupt()])
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen == ["interrupted"]  # rnnmon's handler wrote the record first, then chained to the user's
+    assert after is handler  # and put it back
+    run = read_run(str(tmp_path))
+    assert run.info["status"] == "interrupted" and len(run.steps) == run.info["steps"] >= 6
 
 
 @pytest.mark.slow
