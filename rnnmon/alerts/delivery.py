@@ -3,7 +3,7 @@
 Runs on rnnmon's writer thread, except the user's `on_alert` hook, which gets the events on a thread of its own
 (rnnmon.alerts.hooks) so that a slow hook never holds up the record. Thresholds come from the callback, and a
 thresholds file saved by the TensorBoard tab in the run's log directory or a few folders above it (see
-rnnmon.alerts.thresholds_file) replaces them within one flush.
+rnnmon.alerts.thresholds_file) replaces them within one flush, with or without steps in it.
 
 Example:
     >>> alerting = Alerting(Thresholds(), log_dir="runs/exp1", writer=writer, wall_offset_s=offset)
@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable
 
@@ -40,7 +41,8 @@ class Alerting:
         on_alert: Called with every event, on a thread of its own (see rnnmon.alerts.hooks).
         on_fire: Called with every firing event on the writer thread (stop training, start a profile): it must
             not wait on anything.
-        on_change: Called with this object when a thresholds file replaces the thresholds during the fit.
+        on_change: Called with this object when a thresholds file replaces the thresholds during the fit, on
+            any flush, with steps in it or not.
         watch_file: Follow the thresholds file. Defaults to `True`.
         thresholds_root: The highest folder searched for it (TensorBoard's `--logdir`). Defaults to `None`:
             three levels up, short of shared folders (see `thresholds_files`).
@@ -56,11 +58,12 @@ class Alerting:
         self._hooks = HookThread(on_alert) if on_alert is not None else None
         self._on_fire = on_fire
         self._on_change = on_change
+        self._latest = -math.inf  # the latest time the chunks reached: alerts of replaced thresholds end there
         self.source = "callback"  # or the path of the thresholds file in use
         self._files = thresholds_files(log_dir, thresholds_root) if watch_file else []
         self._seen: tuple[str, float] | None = None
         self._engine = AlertEngine(thresholds, wall_offset_s=wall_offset_s)
-        self._reload(now=None)
+        self._reload(during_fit=False)
 
     @property
     def thresholds(self) -> Thresholds:
@@ -72,7 +75,8 @@ class Alerting:
         return [event.rule for event in self._engine.active]
 
     def on_chunk(self, chunk: dict) -> None:
-        self._reload(now=max((row[3] for row in chunk["steps"]), default=None))
+        self._latest = max(self._latest, _latest_time(chunk))
+        self._reload(during_fit=True)
         self._deliver(self._engine.update(chunk))
 
     def finish(self, now: float) -> None:
@@ -87,7 +91,7 @@ class Alerting:
         """Wait up to `timeout_s` for the hook to take every event; past it, one ERROR names the hook."""
         return self._hooks is None or self._hooks.join(timeout_s)
 
-    def _reload(self, now: float | None) -> None:
+    def _reload(self, during_fit: bool) -> None:
         """Switch to the nearest thresholds file when it appears or changes; a bad file is logged and skipped."""
         current = self._nearest_file()
         if current == self._seen:
@@ -102,12 +106,12 @@ class Alerting:
             return
         if thresholds is None or thresholds == self._engine.thresholds:
             return
-        if now is not None:  # alerts judged by the old thresholds end here
-            self._deliver(self._engine.finish(now, reason=f"Thresholds changed ({current[0]})"))
+        if during_fit:  # alerts judged by the old thresholds end with the data they judged
+            self._deliver(self._engine.finish(self._latest, reason=f"Thresholds changed ({current[0]})"))
         self._engine = AlertEngine(thresholds, wall_offset_s=self._wall_offset_s)
         self.source = current[0]
         LOG.warning("rnnmon: alert thresholds now come from %s", current[0])
-        if now is not None and self._on_change is not None:
+        if during_fit and self._on_change is not None:
             self._on_change(self)
 
     def _nearest_file(self) -> tuple[str, float] | None:
@@ -132,3 +136,12 @@ class Alerting:
                 self._hooks.submit(event)
             if self._on_fire is not None and event.state == "firing":
                 self._on_fire(event)
+
+
+def _latest_time(chunk: dict) -> float:
+    """The latest monotonic time a chunk's rows reach (-inf in an empty chunk)."""
+    ends = [row[3] for row in chunk["steps"]] + [end for _, _, end in chunk["phases"]]
+    ends += [end for _, (_, end, _) in chunk["gaps"]]
+    for rows in (*chunk["util"].values(), *chunk["stats"].values(), chunk["host"]):
+        ends += [row[0] for row in rows]
+    return max(ends, default=-math.inf)

@@ -164,6 +164,47 @@ def test_run_description_records_the_thresholds_in_effect(tmp_path):
     assert info["thresholds_source"] == "callback" and info["thresholds"]["gpu_util_low"]["pct"] == 12.0
 
 
+@pytest.mark.usefixtures("no_nvml")
+def test_thresholds_picked_up_on_a_flush_without_steps_reach_the_run_description(tmp_path, caplog):
+    """The file is saved while the input pipeline stalls, after every earlier step is on disk: the flushes that
+    see it hold no step (this used to switch the rules but keep the old thresholds in the run description, and
+    leave the alert they had fired open for ever)."""
+    batches, path = [0], tmp_path / THRESHOLDS_FILE
+    quiet = Thresholds.from_dict({"input_wait_high": {"enabled": False}})
+
+    def on_disk() -> bool:
+        run = read_run(str(tmp_path))
+        return len(run.steps) == batches[0] and bool(run.alerts)
+
+    def until(condition, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stall(batch: int) -> float:
+        if batch == 30:  # training waits here for the next batch
+            until(on_disk)
+            save_thresholds_file(path, quiet)
+            until(lambda: any("alert thresholds now come from" in r.getMessage() for r in caplog.records))
+        return 0.01
+
+    class Count(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            batches[0] += 1
+
+    thresholds = {"input_wait_high": {"pct": 5, "resolve_pct": 2, "for_s": 0.1}}  # fires on the first steps
+    tiny_model().fit(stalled_dataset(40, stall, prefetch="none"), epochs=1, verbose=0, callbacks=[
+        UtilizationMonitor(str(tmp_path), thresholds=thresholds, flush_secs=0.2, audit=False), Count()])
+    run = read_run(str(tmp_path))
+    assert len(run.steps) == 40 and run.info["status"] == "finished"
+    assert run.info["thresholds"]["input_wait_high"]["enabled"] is False
+    assert run.info["thresholds_source"] == str(path)
+    alerts = [a for a in run.alerts if a["rule"] == "input_wait_high"]
+    states = [(a["state"], a["message"].split(" (")[0]) for a in alerts]
+    assert states[0][0] == "firing" and states[1:] == [("resolved", "Thresholds changed")], states
+    assert abs(alerts[1]["end"] - run.steps[29, 3]) < 0.01  # at the last step the old thresholds judged
+
+
 @pytest.mark.slow
 def test_input_wait_alert_from_an_injected_stall(tmp_path):
     events = []
