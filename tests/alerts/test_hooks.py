@@ -47,7 +47,7 @@ def test_a_hung_hook_costs_no_step_no_status_and_no_stop(tmp_path, caplog):
         called.set()
         release.wait(60)
 
-    batches = Batches()
+    batches, hook_threads = Batches(), []
     thresholds = {"input_wait_high": {"pct": 5, "resolve_pct": 2, "for_s": 0.1}}  # fires at the first flush
     try:
         tiny_model().fit(stalled_dataset(2000, 0.01, prefetch="none"), epochs=1, verbose=0, callbacks=[
@@ -57,11 +57,13 @@ def test_a_hung_hook_costs_no_step_no_status_and_no_stop(tmp_path, caplog):
         hook_threads = [t for t in threading.enumerate() if t.name == "rnnmon-hooks"]
     finally:
         release.set()
+        for thread in hook_threads:
+            thread.join(10)  # the hook takes the rest and its thread ends: nothing left for the next test
     assert called.wait(10)
     assert batches.count < 2000  # stop_on_alert stopped the fit while the hook hung
     assert run.info["status"] == "finished" and len(run.steps) == batches.count == run.info["steps"]
     assert run.alerts  # recorded, though the hook never took them
-    assert all(t.daemon for t in hook_threads)  # the hung hook does not keep the process alive
+    assert [t.daemon for t in hook_threads] == [True]  # the hung hook does not keep the process alive
     errors = _messages(caplog, logging.ERROR)
     assert len(errors) == 1, errors
     assert "the on_alert hook test_hooks.test_a_hung_hook_costs_no_step_no_status_and_no_stop.<locals>.slow_hook " \
