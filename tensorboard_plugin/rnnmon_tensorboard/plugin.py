@@ -199,8 +199,9 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         file_bytes: dict[str, int] = {}
         for run in sorted(name for name, tags in listing.items() if tags):
             last_write = max(series.max_wall_time for series in listing[run].values())
+            notes: list[str] = []
             if self._local:  # from the files: nothing of them is expanded by the provider, and newer than its reload
-                info, problems, written, file_bytes[run] = self._description(experiment, run)
+                info, problems, notes, written, file_bytes[run] = self._description(experiment, run)
                 last_write = max(last_write, written)
             else:
                 info, error = _newest_json(described.get(run, {}).get(schema.RUN_TAG, []))
@@ -210,7 +211,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 status = "live" if now - last_write <= self._live_window_s else "stalled"
             runs.append({"run": run, "name": _display_name(run), "status": status, "live": status == "live",
                          "last_write": last_write, "age_s": round(now - last_write, 1),
-                         "start": info.get("start"), "errors": problems})
+                         "start": info.get("start"), "errors": problems, "notes": notes})
         if self._local:
             self._offer_reads(ctx, experiment, runs, file_bytes)
         return {"runs": runs, "live_window_s": self._live_window_s, "worker_run_pattern": schema.WORKER_RUN.pattern}
@@ -361,13 +362,13 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         """What the cached indexes and summaries hold (the caller holds `_lock`)."""
         return sum(entry.nbytes for entry in self._cache.values())
 
-    def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], float, int]:
-        """A local run's newest description, its errors (the description's, and damage to its files), when its
-        files last changed and their size; reads only the bytes written since the last call and parses only
-        records that name the description's tag."""
+    def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], list[str], float, int]:
+        """A local run's newest description, its errors (the description's, and damage to its files), its notes
+        (event files that overlap), when its files last changed and their size; reads only the bytes written since
+        the last call and parses only records that name the description's tag."""
         run_dir = self._run_dir(run)
         if run_dir is None:
-            return {}, [], 0.0, 0
+            return {}, [], [], 0.0, 0
         version = LocalRuns.version(run_dir)
         with self._descriptions_lock:
             known = self._descriptions.get((experiment, run))
@@ -375,7 +376,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 reader = known[1] if known else RunReader(run, tags=frozenset({schema.RUN_TAG}))
                 known = self._descriptions[(experiment, run)] = (version, reader, reader.update_from_files(run_dir))
         data = known[2]
-        return (data.info, data.errors, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0),
+        return (data.info, data.errors, data.notes, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0),
                 sum(size for _, size, _ in version))
 
     def _plotly_bundle(self) -> bytes:

@@ -46,6 +46,7 @@ from rnnmon.analysis.summary import summarize
 from rnnmon.capture.workers import worker_name
 from rnnmon.format import schema
 from rnnmon.format.reader import open_logdir, read_runs
+from rnnmon.report import build_report, render_text
 
 ROUTE = "/data/plugin/rnnmon/"
 CHUNKS = 150  # more than either loader keeps by default for an unknown plugin (10 and 100)
@@ -321,6 +322,27 @@ def test_unreadable_run_fails_alone(client):
     assert status == 422 and "truncated" in body
     runs = {run["run"]: run for run in get(client, "runs")[1]["runs"]}
     assert "truncated" in runs["truncated/rnnmon"]["errors"][0] and not runs["long/rnnmon"]["errors"]
+
+
+def test_a_copied_event_file_counts_once_in_the_report_and_the_tab(logdir, tmp_path):
+    # A real fit's event file copied beside itself (a restored backup, a sync tool): every step counted once, and
+    # the run says that two of its files cover the same steps.
+    shutil.copytree(os.path.join(logdir, "cpu_fit"), tmp_path / "cpu_fit")
+    run_dir = tmp_path / "cpu_fit" / "rnnmon"
+    status, alone = get(plugin_client(str(tmp_path)), "summary", run="cpu_fit/rnnmon")
+    assert status == 200 and alone["steps"] > 20
+    (name,) = [name for name in os.listdir(run_dir) if "tfevents" in name]
+    shutil.copyfile(run_dir / name, run_dir / (name + ".copy"))
+    client = plugin_client(str(tmp_path))
+    status, both = get(client, "summary", run="cpu_fit/rnnmon")
+    assert status == 200 and both["steps"] == alone["steps"] and both["errors"] == []
+    assert alone["notes"] == []
+    assert len(both["notes"]) == 1 and "a copy of the file" in both["notes"][0] and name in both["notes"][0]
+    (listed,) = get(client, "runs")[1]["runs"]
+    assert listed["errors"] == [] and listed["notes"] and "a copy of the file" in listed["notes"][0]
+    report = build_report(str(tmp_path))
+    assert report["runs"][0]["steps"] == alone["steps"]
+    assert "  note           " + both["notes"][0] in render_text(report)
 
 
 def _scripts() -> dict[str, str]:

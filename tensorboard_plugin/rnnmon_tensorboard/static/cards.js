@@ -62,6 +62,11 @@ function card(run, result) {
     box.append(el("strong", "", "This run's data cannot be read."), ...errors.map((e) => el("p", "", e)));
     node.append(box);
   }
+  if (run.notes?.length) { // overlapping event files: read, but worth knowing
+    const box = el("div", "rm-note");
+    box.append(el("strong", "", "Note on this run's files."), ...run.notes.map((n) => el("p", "", n)));
+    node.append(box);
+  }
   if (!result?.summary) {
     if (!errors.length) node.append(el("p", "rm-muted", "Loading…"));
     return node;
