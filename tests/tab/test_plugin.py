@@ -185,7 +185,8 @@ def test_runs_serve_the_worker_run_pattern_python_recognises(client):
     pattern = get(client, "runs")[1]["worker_run_pattern"]
     assert pattern == schema.WORKER_RUN.pattern
     tasks = [json.dumps({"cluster": {}, "task": {"type": kind, "index": index}})
-             for kind, index in (("worker", 1), ("chief", 0), ("evaluator", 0), ("worker", 12))]
+             for kind, index in (("worker", 1), ("chief", 0), ("evaluator", 0), ("worker", 12), ("ps", 0),
+                                 ("master", 3))]
     written = [f"job/{worker_name({'TF_CONFIG': task})}/rnnmon" for task in tasks]  # where monitors write
     others = ["exp1/rnnmon", "worker-1x/rnnmon", "myworker-1/rnnmon", "job/worker-1/rnnmon/rnnmon", "rnnmon"]
     for run in [*written, "process-3/rnnmon", *others]:
