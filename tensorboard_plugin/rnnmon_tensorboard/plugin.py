@@ -40,7 +40,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from rnnmon.analysis import verdict
-from rnnmon.analysis.stragglers import compare_workers, worker_of
+from rnnmon.analysis.stragglers import compare_workers, worker_of, worker_order
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
@@ -271,20 +271,26 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         return summary
 
     def workers_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
-        """The workers of `run`'s multi-worker job side by side, with STRAGGLER; no workers for other runs."""
+        """The workers of `run`'s multi-worker job side by side, with STRAGGLER, and those left out of the
+        comparison with the reason (unreadable data, too few steps); no workers for other runs."""
         job = worker_of(run)
         if job is None:
-            return {"job": None, "workers": [], "findings": []}
+            return {"job": None, "workers": [], "findings": [], "left_out": []}
         listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME)
-        siblings = sorted(name for name, tags in listing.items() if tags and (worker_of(name) or (None,))[0] == job[0])
-        summaries = []
-        for name in siblings:
+        siblings = sorted((found[1], name) for name, tags in listing.items()
+                          if tags and (found := worker_of(name)) is not None and found[0] == job[0])
+        summaries, left_out = [], []
+        for worker, name in sorted(siblings, key=lambda pair: worker_order(pair[0])):
             try:
-                summaries.append(self.summary_impl(ctx, experiment, name))
-            except (RunDataError, errors.NotFoundError):
-                continue  # /summary reports that run's error
+                summary = self.summary_impl(ctx, experiment, name)
+            except (RunDataError, errors.NotFoundError) as error:
+                left_out.append({"worker": worker, "run": name, "reason": str(error)})
+                continue
+            if summary["verdict"] == "insufficient-data":  # compare_workers leaves it out
+                left_out.append({"worker": worker, "run": name, "reason": "too few steps to compare"})
+            summaries.append(summary)
         groups = compare_workers(summaries)
-        return groups[0] if groups else {"job": job[0], "workers": [], "findings": []}
+        return {**(groups[0] if groups else {"job": job[0], "workers": [], "findings": []}), "left_out": left_out}
 
     def thresholds_impl(self) -> dict[str, Any]:
         """The saved thresholds (or the defaults), the file's path, and whether the tab can save it."""

@@ -195,7 +195,7 @@ def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
     assert answer["job"] == "job" and [w["worker"] for w in answer["workers"]] == ["worker-0", "worker-1"]
     assert [(f["code"], f["where"]) for f in answer["findings"]] == [("STRAGGLER", "worker-1")]
     other = client.get("/data/plugin/rnnmon/workers", query_string={"run": "elsewhere/rnnmon"}).get_json()
-    assert other == {"job": None, "workers": [], "findings": []}
+    assert other == {"job": None, "workers": [], "findings": [], "left_out": []}
 
 
 def _worker(name, step_ms, wait_ms, gpu_idle):

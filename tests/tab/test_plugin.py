@@ -193,6 +193,30 @@ def test_runs_serve_the_worker_run_pattern_python_recognises(client):
         assert bool(re.search(pattern, run)) == (worker_of(run) is not None) == (run not in others), run
 
 
+def test_workers_lists_the_workers_it_leaves_out_with_the_reason(tmp_path):
+    # /workers left damaged workers out without a word (3 of 64 in a probe): each is listed with its error.
+    job = tmp_path / "job"
+    for index in (0, 2, 5):
+        write_gpu_run(str(job / f"worker-{index}" / "rnnmon"), 10)
+    write_unreadable_run(str(job / "worker-1" / "rnnmon"))
+    write_bad_description_run(str(job / "worker-3" / "rnnmon"))
+    write_gpu_run(str(job / "worker-10" / "rnnmon"), 10)
+    truncate_event_file(str(job / "worker-10" / "rnnmon"))
+    for name in os.listdir(job / "worker-10" / "rnnmon"):  # cut a minute ago: no writer is still finishing it
+        os.utime(job / "worker-10" / "rnnmon" / name, (time.time() - 60, time.time() - 60))
+    write_gpu_run(str(job / "worker-4" / "rnnmon"), 1)  # 5 steps: too few to compare
+    status, body = get(plugin_client(str(tmp_path)), "workers", run="job/worker-0/rnnmon")
+    assert status == 200 and [row["worker"] for row in body["workers"]] == ["worker-0", "worker-2", "worker-5"]
+    left_out = {row["worker"]: row for row in body["left_out"]}
+    assert list(left_out) == ["worker-1", "worker-3", "worker-4", "worker-10"]  # in index order
+    for worker, reason in (("worker-1", "expected rows of 7 columns"),
+                           ("worker-3", "a table where a JSON document belongs"), ("worker-10", "truncated")):
+        assert "unreadable rnnmon data" in left_out[worker]["reason"] and reason in left_out[worker]["reason"]
+        assert left_out[worker]["run"] == f"job/{worker}/rnnmon"
+    assert left_out["worker-4"]["reason"] == "too few steps to compare"
+    assert get(plugin_client(str(tmp_path)), "workers", run="job/worker-1/rnnmon")[1]["left_out"]  # from any worker
+
+
 def test_running_run_is_live_then_stalled(tmp_path):
     write_gpu_run(str(tmp_path / "now" / "rnnmon"), 3, status="running")
     multiplexer = plugin_event_multiplexer.EventMultiplexer()
