@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import errno
 import functools
 import json
 import math
@@ -437,22 +438,38 @@ def _table_width(tag: str) -> int:
 
 
 def read_logdir(logdir: str, runs: list[str] | None = None) -> dict[str, RunData]:
-    """Every rnnmon run under `logdir` (or the named ones), read from its event files; no TensorFlow."""
+    """Every rnnmon run under `logdir` (or the named ones), read from its event files; no TensorFlow.
+
+    A folder that cannot be listed (no permission) is a run of its own name with that error, since runs inside it
+    cannot be seen."""
     result = {}
-    for run, run_dir in _run_dirs(logdir):
+    found, unlisted = _run_dirs(logdir)
+    for run, run_dir in found:
         if runs is not None and run not in runs:
             continue
         reader = RunReader(run)
         data = reader.update_from_files(run_dir)
         if reader._tables or reader._documents or (data.errors and os.path.basename(run_dir) == schema.RUN_SUBDIR):
             result[run] = data
+    for run, error in unlisted:
+        if runs is None or run in runs:
+            result[run] = RunData(run, errors=[f"cannot list the folder {run}: {error}; runs inside it, if any, "
+                                               "are not shown"])
     return result
 
 
-def _run_dirs(logdir: str) -> list[tuple[str, str]]:
-    """(run name, directory) for every directory under `logdir` holding event files, named as TensorBoard does."""
-    found, visited = [], set()
-    for directory, subdirs, files in os.walk(logdir, followlinks=True):  # linked runs count, as in TensorBoard
+def _run_dirs(logdir: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(run name, directory) for every directory under `logdir` holding event files, named as TensorBoard does;
+    and (name, error) for every directory that could not be listed."""
+    found, visited, unlisted = [], set(), []
+
+    def unlistable(error: OSError) -> None:
+        if error.errno not in (errno.ENOENT, errno.ENOTDIR):  # not one removed while walking
+            relative = os.path.relpath(error.filename or logdir, logdir).replace(os.sep, "/")
+            unlisted.append((relative, error.strerror or str(error)))
+
+    # linked runs count, as in TensorBoard
+    for directory, subdirs, files in os.walk(logdir, onerror=unlistable, followlinks=True):
         real = os.path.realpath(directory)
         if real in visited:  # a link loop
             subdirs.clear()
@@ -461,7 +478,7 @@ def _run_dirs(logdir: str) -> list[tuple[str, str]]:
         if any(EVENT_FILE_MARK in name for name in files):
             relative = os.path.relpath(directory, logdir)
             found.append((relative.replace(os.sep, "/"), directory))
-    return sorted(found)
+    return sorted(found), sorted(unlisted)
 
 
 def read_runs(provider: Any, ctx: Any, experiment_id: str = "", runs: list[str] | None = None) -> dict[str, RunData]:
