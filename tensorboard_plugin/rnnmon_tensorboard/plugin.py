@@ -6,7 +6,8 @@ they are expanded; see `run_files`), and a live run's reader and timeline index 
 change; otherwise run data comes through TensorBoard's data provider, so the Rust data server and the Python
 loader both work. TensorBoard's data provider always says which runs exist. The one write is
 `POST /thresholds`, which saves the thresholds file at the log directory's root (see `thresholds_store`); it
-takes JSON only, with a header a cross-site form cannot send, and a small body. See `http_api.md`.
+takes JSON only, with a header a cross-site form cannot send, the version of the file it edits, and a small body.
+See `http_api.md`.
 
 Example:
     >>> plugin = RnnmonPlugin(base_plugin.TBContext(logdir="runs", data_provider=provider))
@@ -96,7 +97,8 @@ class RunDataError(errors.PublicError):
 
 
 class RequestRefused(errors.PublicError):
-    """A refused `POST /thresholds`, with its HTTP status (405, 409, 413, 415); the message says what to change."""
+    """A refused `POST /thresholds`, with its HTTP status (405, 409, 413, 415, 428); the message says what to
+    change."""
 
     def __init__(self, http_code: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         super().__init__(message)
@@ -183,9 +185,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             raise RequestRefused(405, f"/thresholds answers GET and POST only. Received: {request.method}",
                                  [("Allow", "GET, HEAD, POST")])
         _check_host(request)
-        return http_util.Respond(request, self.save_thresholds_impl(_json_body(request),
-                                                                    request.headers.get(VERSION_HEADER)),
-                                 "application/json")
+        edits = _edited_version(request)
+        return http_util.Respond(request, self.save_thresholds_impl(_json_body(request), edits), "application/json")
 
     # --- work --------------------------------------------------------------------------------------------
     def runs_impl(self, ctx: Any, experiment: str) -> dict[str, Any]:
@@ -296,7 +297,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         """The saved thresholds (or the defaults), the file's path, and whether the tab can save it."""
         return self._thresholds.read()
 
-    def save_thresholds_impl(self, data: Any, edits: str | None = None) -> dict[str, Any]:
+    def save_thresholds_impl(self, data: Any, edits: str) -> dict[str, Any]:
         """Validate and save `data` as the thresholds file, if it still is at version `edits`; `thresholds_impl()`
         afterwards."""
         try:
@@ -406,11 +407,22 @@ def _static_file(name: str, mimetype: str) -> Any:
     return serve
 
 
-def _json_body(request: wrappers.Request) -> Any:
-    """The JSON document of a save request, after the checks that keep other sites and large bodies out."""
+def _edited_version(request: wrappers.Request) -> str:
+    """The `version` of the thresholds a save edits, after the header check that keeps other sites out: every
+    client must say it (428 without), so a save never overwrites a file it has not seen."""
     if request.headers.get(SAVE_HEADER, "").strip().lower() != SAVE_HEADER_VALUE:
         raise errors.PermissionDeniedError(
             f"POST /thresholds needs the header {SAVE_HEADER}: {SAVE_HEADER_VALUE} (a cross-site form cannot send it)")
+    edits = request.headers.get(VERSION_HEADER, "").strip()
+    if not edits:
+        raise RequestRefused(428, f"POST /thresholds needs the header {VERSION_HEADER}: the version that GET "
+                                  "/thresholds answered (\"none\" while there is no file), so that a save never "
+                                  "overwrites changes it has not seen")
+    return edits
+
+
+def _json_body(request: wrappers.Request) -> Any:
+    """The JSON document of a save request, after the checks that keep large bodies out."""
     if request.mimetype != "application/json":
         raise RequestRefused(415, "POST /thresholds takes JSON: send Content-Type: application/json. "
                                   f"Received: {request.content_type or 'no Content-Type'}")

@@ -417,7 +417,7 @@ def test_listed_as_an_active_iframe_tab(client):
 
 
 # --- alert thresholds: GET /thresholds, POST /thresholds -------------------------------------------------------
-SAVE = {"X-Rnnmon-Request": "save"}
+SAVE = {"X-Rnnmon-Request": "save", "X-Rnnmon-Version": "none"}  # "none": there is no file yet
 RAISED = {"gpu_util_low": {"enabled": True, "pct": 80, "resolve_pct": 85, "for_s": 1.0},
           "idle_gap": {"enabled": False, "min_s": 5.0}}
 
@@ -494,7 +494,8 @@ def test_post_saves_the_thresholds_file(tmp_path):
     assert load_thresholds_file(tmp_path / THRESHOLDS_FILE) == expected  # what a monitor will load
     assert body["thresholds"] == expected.to_dict() == get(client, "thresholds")[1]["thresholds"]
     assert os.listdir(tmp_path) == [THRESHOLDS_FILE]  # one file, no temporary left behind
-    status, body = post(client, {}, headers={"x-rnnmon-request": "Save"})  # header names are case-insensitive
+    status, body = post(client, {}, headers={"x-rnnmon-request": "Save", "x-rnnmon-version": body["version"]})
+    # header names are case-insensitive
     assert status == 200 and load_thresholds_file(tmp_path / THRESHOLDS_FILE) == Thresholds()
 
 
@@ -502,6 +503,8 @@ def test_post_saves_the_thresholds_file(tmp_path):
     (RAISED, {}, "application/json", 403, "needs the header X-Rnnmon-Request: save"),
     (RAISED, {"X-Rnnmon-Request": "yes"}, "application/json", 403, "X-Rnnmon-Request"),
     ("gpu_util_low=80", {}, "application/x-www-form-urlencoded", 403, "X-Rnnmon-Request"),  # a cross-site form
+    (RAISED, {"X-Rnnmon-Request": "save"}, "application/json", 428, "needs the header X-Rnnmon-Version"),
+    (RAISED, {**SAVE, "X-Rnnmon-Version": " "}, "application/json", 428, "X-Rnnmon-Version"),
     (RAISED, SAVE, "text/plain", 415, "takes JSON: send Content-Type: application/json. Received: text/plain"),
     ("{not json", SAVE, "application/json", 400, "the body is not valid JSON"),
     ({"gpu_util_low": {"pct": 80, "resolve_pct": 70}}, SAVE, "application/json", 400,
@@ -657,6 +660,17 @@ def test_post_huge_numbers_and_deep_nesting_are_400(tmp_path, body, message):
     status, answer = post(thresholds_client(str(tmp_path)), body[:16_000])
     assert status == 400 and message in answer, answer
     assert not (tmp_path / THRESHOLDS_FILE).exists()
+
+
+def test_a_save_without_the_version_header_is_428_and_overwrites_nothing(tmp_path):
+    # A client that does not say which version it edits used to overwrite the file unconditionally.
+    client = thresholds_client(str(tmp_path))
+    status, saved = post(client, RAISED)
+    assert status == 200
+    status, answer = post(client, {}, headers={"X-Rnnmon-Request": "save"})
+    assert status == 428 and "X-Rnnmon-Version" in answer and '"none"' in answer
+    assert load_thresholds_file(tmp_path / THRESHOLDS_FILE) == Thresholds.from_dict(RAISED)
+    assert get(client, "thresholds")[1]["version"] == saved["version"]
 
 
 def test_stale_save_is_409_and_writes_nothing(tmp_path):
