@@ -103,21 +103,22 @@ class _Table:
         if steps != sorted(steps):
             steps, rows, counts = _in_step_order(steps, rows, counts)
         at = bisect.bisect(self._steps, steps[0])  # the first chunk already there that the new ones precede
-        if at < len(self._steps):
+        moved = at < len(self._steps)
+        if moved:  # merge the new chunks with those they precede
             first = self._starts[at]
             kept = self._steps[at:]
             kept_counts = np.diff([*self._starts[at:], self._size]).tolist()
             steps, rows, counts = _in_step_order(kept + steps, np.concatenate([self._rows[first:self._size], rows]),
                                                  kept_counts + counts)
-            self._rows = self._rows[:first].copy()  # views handed out keep the rows they saw
             del self._steps[at:], self._starts[at:]
             self._size = first
             self.inserted += 1
         if self._size == 0:  # a first read: keep the array as it is
             self._rows = rows
         else:
-            if self._size + len(rows) > len(self._rows):
-                grown = np.empty((max(2 * len(self._rows), self._size + len(rows), 256), self._rows.shape[1]))
+            if moved or self._size + len(rows) > len(self._rows):  # moved: views handed out keep the rows they saw
+                capacity = self._size + len(rows)
+                grown = np.empty((capacity if moved else max(2 * len(self._rows), capacity, 256), self._rows.shape[1]))
                 grown[: self._size] = self._rows[: self._size]
                 self._rows = grown
             self._rows[self._size: self._size + len(rows)] = rows

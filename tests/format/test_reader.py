@@ -375,6 +375,7 @@ def test_chunks_that_arrive_late_are_merged_in_order(tmp_path):
     run_dir = str(tmp_path / "rnnmon")
     rng = np.random.default_rng(7)
     writers, reader = [SummaryWriter(run_dir) for _ in range(3)], RunReader("rnnmon")
+    views = []  # tables handed out earlier: a merge must not move the rows under them
     for i in range(60):
         writer = writers[int(rng.integers(3))]
         writer.table(schema.STEPS_TAG, _steps(int(rng.integers(1, 30)), seed=i))
@@ -382,7 +383,8 @@ def test_chunks_that_arrive_late_are_merged_in_order(tmp_path):
         if rng.random() < 0.4:
             writers[int(rng.integers(3))].flush()
         if rng.random() < 0.3:
-            reader.update_from_files(run_dir)
+            steps = reader.update_from_files(run_dir).steps
+            views.append((steps, steps.copy()))
     for writer in writers:
         writer.close()
     data = reader.update_from_files(run_dir)
@@ -391,5 +393,7 @@ def test_chunks_that_arrive_late_are_merged_in_order(tmp_path):
                     for event in map(event_pb2.Event.FromString, scan_records(os.path.join(run_dir, name)).records)
                     for value in event.summary.value if value.tag == schema.STEPS_TAG)
     assert reader.reordered > 0  # some chunk did arrive late
+    for view, seen in views:
+        np.testing.assert_array_equal(view, seen)
     np.testing.assert_array_equal(data.steps, np.concatenate([rows for _, rows in chunks]))
     np.testing.assert_array_equal(read_logdir(str(tmp_path))["rnnmon"].steps, data.steps)
