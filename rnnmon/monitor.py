@@ -111,7 +111,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         prometheus_job: The `job` label of every series. Defaults to `"rnnmon"`.
 
     In multi-worker training (`TF_CONFIG`, or JAX with several processes) each worker writes to its own run,
-    `log_dir/worker-<index>/rnnmon`.
+    `log_dir/worker-<index>/rnnmon` (`chief-0`, `ps-0`, ... by task type). A `TF_CONFIG` task that cannot name
+    such a folder (`../../x`) is refused with one ERROR; the process then records in `log_dir/rnnmon`.
 
     Put it first in the callbacks list: callbacks after it then count as host gap, not as step time.
 

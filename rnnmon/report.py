@@ -119,6 +119,8 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
         lines.append(f"  alert {alert.get('rule')}: {alert.get('message', '')}")
     for error in run["errors"]:
         lines.append(f"  error reading {error}")
+    for note in run["notes"]:
+        lines.append(f"  note           {note}")
     return "\n".join(_clean(line) for line in lines)
 
 

@@ -64,6 +64,23 @@ def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: 
     writer.close()
 
 
+def write_writers(run_dir: str, writers: int, steps_each: int, chunk: int) -> None:
+    """`writers` writers' file series in one run folder (processes on one log_dir before rnnmon's writer lock),
+    each with steps 1..`steps_each` in chunks of `chunk`, their chunks interleaved."""
+    series = [SummaryWriter(run_dir) for _ in range(writers)]
+    t0 = time.time() - 600
+    for writer in series:
+        writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "finished", "start": t0})
+    for first in range(0, steps_each, chunk):
+        for index, writer in enumerate(series):
+            rows = [(step + 1, 0, t0 + 0.05 * step + 0.02 * index, t0 + 0.05 * step + 0.02 * index + 0.015, 5.0,
+                     np.nan if step == 0 else 1.0, 1) for step in range(first, first + chunk)]
+            writer.table(schema.STEPS_TAG, rows)
+            writer.flush()
+    for writer in series:
+        writer.close()
+
+
 def write_unreadable_run(run_dir: str) -> None:
     """A run whose steps table has the wrong number of columns, as a damaged or foreign writer would leave."""
     writer = SummaryWriter(run_dir)

@@ -43,6 +43,12 @@ def worker_of(run: str) -> tuple[str, str] | None:
     return None
 
 
+def worker_order(worker: str) -> tuple[str, int]:
+    """Sort key of a worker's folder name: by task type, then by index (`worker-2` before `worker-10`)."""
+    kind, index = worker.rsplit("-", 1)
+    return kind, int(index)
+
+
 def compare_workers(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per job with two or more worker runs: each worker's numbers and the STRAGGLER finding, if any."""
     jobs: dict[str, list[dict[str, Any]]] = {}
@@ -53,7 +59,7 @@ def compare_workers(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups = []
     for job, rows in sorted(jobs.items()):
         if len(rows) >= 2:
-            rows.sort(key=lambda row: (row["worker"].split("-")[0], int(row["worker"].split("-")[1])))
+            rows.sort(key=lambda row: worker_order(row["worker"]))
             groups.append({"job": job, "workers": rows, "findings": [f.to_dict() for f in _straggler(rows)]})
     return groups
 

@@ -80,6 +80,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         else None,  # the median step over the median step less its wait beyond the fetch floor
         "alerts": merge_alerts(run.alerts),
         "errors": run.errors,
+        "notes": run.notes,
     }
     input_wait_s = (summary["shares"]["input"] or 0.0) * step_total  # beyond the fetch floor, robust
     summary["verdict"] = verdict(len(duration), input_wait_s, gap.sum(), step_total)

@@ -2,8 +2,13 @@
 
 Evidence, in order: `TF_CONFIG` (`MultiWorkerMirroredStrategy`: the task's type and index), then JAX's
 multi-process runtime (`jax.process_index()` when `jax.process_count() > 1`, only if JAX is already imported).
-A worker writes to `<log_dir>/worker-<index>/rnnmon` (`chief-0`, `evaluator-0` for those task types), so no two
-processes ever share a run or an event file.
+A worker writes to `<log_dir>/worker-<index>/rnnmon` (`chief-0`, `master-0`, `ps-0`, `evaluator-0` for those task
+types), so no two processes ever share a run or an event file.
+
+The folder name comes from the environment, so it must be one `schema.WORKER_DIR` matches (the tab's worker
+pattern): a task type TensorFlow knows and an index from 0 to 999,999. Anything else (`../../x`, an absolute path,
+quotes or a newline) is refused with one ERROR, and the process records as a single process, in
+`<log_dir>/rnnmon`, as with an unreadable `TF_CONFIG`: nothing is written outside `log_dir`.
 
 Example:
     >>> worker_name({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}'})
@@ -19,21 +24,31 @@ import os
 import sys
 from collections.abc import Mapping
 
+from rnnmon.format.schema import TASK_TYPES, WORKER_DIR
+
 LOG = logging.getLogger("rnnmon")
 
 
 def worker_name(environ: Mapping[str, str] | None = None) -> str | None:
-    """`worker-<index>` for a task of a multi-worker job, or None for a single process."""
+    """`<task type>-<index>` for a task of a multi-worker job, or None for a single process."""
     environ = os.environ if environ is None else environ
     spec = environ.get("TF_CONFIG")
     if spec:
         try:
             task = json.loads(spec).get("task") or {}
-            kind, index = str(task.get("type", "worker")), int(task.get("index", 0))
-        except (ValueError, TypeError, AttributeError) as error:
+            kind, index = task.get("type", "worker"), task.get("index", 0)
+        except (ValueError, TypeError, AttributeError, RecursionError) as error:
             LOG.warning("rnnmon: TF_CONFIG is not readable (%s); writing as a single process.", error)
         else:
-            return f"{kind}-{index}"
+            if isinstance(index, str) and index.isascii() and index.isdigit():
+                index = int(index)
+            name = f"{kind}-{index}"
+            if isinstance(kind, str) and type(index) is int and WORKER_DIR.fullmatch(name):
+                return name
+            LOG.error("rnnmon: TF_CONFIG's task type %.80r with index %.20r cannot name a worker's folder (a type "
+                      "from %s, an index from 0 to 999999); this process records as a single process, in "
+                      "<log_dir>/rnnmon.", kind, index, ", ".join(TASK_TYPES))
+            return None
     jax = sys.modules.get("jax")
     if jax is not None:
         try:

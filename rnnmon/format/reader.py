@@ -8,10 +8,12 @@ truncated or bit-flipped file is an error of its run, not silent partial data.
 
 A `RunReader` keeps what it decoded. Each update decodes only chunks it has not seen (from the provider: per tag,
 keyed by the datum's step and wall time; from files: the bytes after those already read) and appends them, in
-step order, to tables that grow in place, so
-reloading a live million-step run costs the new chunks, not the run. It reads either TensorBoard's data provider
-(`update_from_provider`) or the run's event files directly (`update_from_files`: no TensorFlow, checksums
-verified, only new bytes of each file read).
+step order, to tables that grow in place, so reloading a live million-step run costs the new chunks, not the run.
+Chunks that land before rows already read (a second writer's file) are merged once per update, never chunk by
+chunk; a chunk found in two files (a copied file) counts once. Both are named in the run's `notes`, which, unlike
+`errors`, leave the run readable. It reads either TensorBoard's data provider (`update_from_provider`) or the
+run's event files directly (`update_from_files`: no TensorFlow, checksums verified, only new bytes of each file
+read).
 
 Example:
     >>> runs = read_logdir("runs")                      # what `rnnmon report` reads: {run name: RunData}
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import errno
 import functools
 import json
 import math
@@ -43,6 +46,7 @@ from rnnmon.format.eventfile import EVENT_FILE_MARK, scan_records
 
 ALL_SAMPLES = 10**9  # `downsample` that keeps everything the provider holds
 MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a few KiB in practice
+MAX_NOTES = 10  # notes listed per run; the rest are counted
 TAIL_GRACE_S = 10.0  # a file that ends inside a record for longer than this is truncated, not being written
 _SEVERITIES = ("info", "warning", "critical")
 _DT_STRING, _DT_DOUBLE = types_pb2.DT_STRING, types_pb2.DT_DOUBLE
@@ -67,6 +71,7 @@ class RunData:
     alerts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     last_write: float = 0.0
     errors: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # read, but worth knowing: files that overlap
 
 
 class InvalidRecord(ValueError):
@@ -82,44 +87,57 @@ class _Table:
     def __init__(self, width: int) -> None:
         self._rows = np.empty((0, width))
         self._size = 0
-        self._steps: list[int] = []
-        self._starts: list[int] = []
-        self.inserted = 0  # chunks put before rows already there (rows then moved): views of it are stale
-
-    def add(self, step: int, rows: np.ndarray) -> None:
-        count = len(rows)
-        if not self._steps or step >= self._steps[-1]:
-            if self._size + count > len(self._rows):
-                grown = np.empty((max(2 * len(self._rows), self._size + count, 256), self._rows.shape[1]))
-                grown[: self._size] = self._rows[: self._size]
-                self._rows = grown
-            self._rows[self._size: self._size + count] = rows
-            self._steps.append(step)
-            self._starts.append(self._size)
-        else:  # a chunk older than one already read (a second writer): insert it in place, once
-            at = bisect.bisect(self._steps, step)
-            row = self._starts[at]
-            self._rows = np.concatenate([self._rows[:row], rows, self._rows[row: self._size]])
-            self.inserted += 1
-            self._steps.insert(at, step)
-            self._starts.insert(at, row)
-            for i in range(at + 1, len(self._starts)):
-                self._starts[i] += count
-        self._size += count
+        self._steps: list[int] = []  # each chunk's event step, ascending
+        self._starts: list[int] = []  # each chunk's first row
+        self.inserted = 0  # merges that put chunks before rows already there (rows then moved): views of it are stale
 
     def extend(self, steps: list[int], rows: np.ndarray, counts: list[int]) -> None:
-        """Add consecutive chunks (`counts[i]` rows at event step `steps[i]`) held in one array."""
-        if not self._steps and steps == sorted(steps):  # a first read: keep the array as it is
-            self._rows, self._size = rows, len(rows)
-            self._steps, self._starts = list(steps), [int(s) for s in np.cumsum([0, *counts[:-1]])]
+        """Add chunks (`counts[i]` rows at event step `steps[i]`, in any order) held in one array.
+
+        Chunks that follow the rows already there are appended in place. Chunks that land before some of them (a
+        second writer's file, read after the first's) are merged with those rows in one sort, into a new array,
+        so one update costs its rows plus the rows it passes, never a rebuild per chunk.
+        """
+        if not steps:
             return
-        start = 0
-        for step, count in zip(steps, counts):
-            self.add(step, rows[start:start + count])
-            start += count
+        if steps != sorted(steps):
+            steps, rows, counts = _in_step_order(steps, rows, counts)
+        at = bisect.bisect(self._steps, steps[0])  # the first chunk already there that the new ones precede
+        moved = at < len(self._steps)
+        if moved:  # merge the new chunks with those they precede
+            first = self._starts[at]
+            kept = self._steps[at:]
+            kept_counts = np.diff([*self._starts[at:], self._size]).tolist()
+            steps, rows, counts = _in_step_order(kept + steps, np.concatenate([self._rows[first:self._size], rows]),
+                                                 kept_counts + counts)
+            del self._steps[at:], self._starts[at:]
+            self._size = first
+            self.inserted += 1
+        if self._size == 0:  # a first read: keep the array as it is
+            self._rows = rows
+        else:
+            if moved or self._size + len(rows) > len(self._rows):  # moved: views handed out keep the rows they saw
+                capacity = self._size + len(rows)
+                grown = np.empty((capacity if moved else max(2 * len(self._rows), capacity, 256), self._rows.shape[1]))
+                grown[: self._size] = self._rows[: self._size]
+                self._rows = grown
+            self._rows[self._size: self._size + len(rows)] = rows
+        self._starts += (self._size + np.cumsum([0, *counts[:-1]])).tolist()
+        self._steps += steps
+        self._size += len(rows)
 
     def view(self) -> np.ndarray:
         return self._rows[: self._size]
+
+
+def _in_step_order(steps: list[int], rows: np.ndarray, counts: list[int]) -> tuple[list[int], np.ndarray, list[int]]:
+    """The chunks sorted by event step (stable: chunks of one step keep their order), rows moved with them."""
+    order = np.argsort(np.asarray(steps, dtype=np.int64), kind="stable")
+    sizes = np.asarray(counts, dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    moved = sizes[order]
+    index = np.repeat(starts[order] - (np.cumsum(moved) - moved), moved) + np.arange(int(moved.sum()))
+    return [steps[i] for i in order], rows[index], moved.tolist()
 
 
 class RunReader:
@@ -139,6 +157,9 @@ class RunReader:
         self._offsets: dict[str, int] = {}  # per event file: bytes read (update_from_files) and checked
         self._checked: dict[str, int] = {}
         self._staged: dict[str, list[tuple[int, np.ndarray]]] = {}
+        self._events: dict[tuple[int, float], str] = {}  # (step, wall time) of each rnnmon event read -> its file
+        self._repeated: dict[tuple[str, str], None] = {}  # (file, an earlier file whose events it repeats)
+        self._spans: dict[str, list[int]] = {}  # per file: the first and last step of its rnnmon events
         self.chunks_decoded = 0  # values decoded so far: an update adds only the new ones
 
     # --- sources -----------------------------------------------------------------------------------------
@@ -193,7 +214,7 @@ class RunReader:
                     self._error(f"{name}: a checksummed record that is not an event")
                     continue
                 if event.HasField("summary"):
-                    self._add_event(event)
+                    self._add_file_event(name, event)
         return self._commit()
 
     def check_files(self, run_dir: str) -> list[str]:
@@ -228,7 +249,24 @@ class RunReader:
                 self._error(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
             yield name, scan.records
 
-    def _add_event(self, event: Any) -> None:
+    def _add_file_event(self, name: str, event: Any) -> None:
+        """Add an event of file `name`, unless another file held an event with its step and wall time.
+
+        Chunks are stamped with a sequence that never repeats (`rnnmon.format.writer`), so the same stamp in two
+        files is the same chunk, twice: a copied file. It counts once.
+        """
+        key = (event.step, event.wall_time)
+        first = self._events.get(key, name)
+        if first != name:
+            self._repeated[(name, first)] = None
+            return
+        if self._add_event(event):
+            self._events.setdefault(key, name)
+            span = self._spans.setdefault(name, [event.step, event.step])
+            span[0], span[1] = min(span[0], event.step), max(span[1], event.step)
+
+    def _add_event(self, event: Any) -> bool:
+        """Stage the rnnmon values of `event`; False when it holds none."""
         step = None
         for value in event.summary.value:
             tag = value.tag
@@ -253,6 +291,7 @@ class RunReader:
                 self._error(f"{tag} at step {step}: {error}")
                 continue
             self._stage(tag, step, raw)
+        return step is not None
 
     # --- decoding ----------------------------------------------------------------------------------------
     def _add(self, tag: str, step: int, value: Any) -> None:
@@ -342,11 +381,26 @@ class RunReader:
     # --- result ------------------------------------------------------------------------------------------
     @property
     def reordered(self) -> int:
-        """How often a chunk landed before rows already read (a second writer): each time, rows moved."""
+        """How often chunks landed before rows already read (a second writer): each time, rows moved."""
         return sum(table.inserted for table in self._tables.values())
 
+    def notes(self) -> list[str]:
+        """Event files of this run that overlap: copies (each event counted once) and interleaved writers."""
+        notes = [f"{copy} repeats records of {first} (a copy of the file?): each is counted once"
+                 for copy, first in self._repeated]
+        reach, reaching = -1, ""  # the latest step of the files swept so far, and the file that holds it
+        for name, (first, last) in sorted(self._spans.items(), key=lambda item: item[1]):
+            if first < reach:
+                notes.append(f"{name} and {reaching} hold records of the same time span: two writers of one run "
+                             "(before rnnmon's writer lock, or files copied together); both are shown")
+            if last > reach:
+                reach, reaching = last, name
+        if len(notes) > MAX_NOTES:
+            notes[MAX_NOTES - 1:] = [f"{len(notes) - MAX_NOTES + 1} more files overlap others"]
+        return notes
+
     def data(self) -> RunData:
-        out = RunData(self.run, last_write=self._last_write, errors=list(self._errors))
+        out = RunData(self.run, last_write=self._last_write, errors=list(self._errors), notes=self.notes())
         descriptions = self._documents.get(schema.RUN_TAG, [])
         if descriptions:
             out.info = descriptions[-1][1]
@@ -385,22 +439,38 @@ def _table_width(tag: str) -> int:
 
 
 def read_logdir(logdir: str, runs: list[str] | None = None) -> dict[str, RunData]:
-    """Every rnnmon run under `logdir` (or the named ones), read from its event files; no TensorFlow."""
+    """Every rnnmon run under `logdir` (or the named ones), read from its event files; no TensorFlow.
+
+    A folder that cannot be listed (no permission) is a run of its own name with that error, since runs inside it
+    cannot be seen."""
     result = {}
-    for run, run_dir in _run_dirs(logdir):
+    found, unlisted = _run_dirs(logdir)
+    for run, run_dir in found:
         if runs is not None and run not in runs:
             continue
         reader = RunReader(run)
         data = reader.update_from_files(run_dir)
         if reader._tables or reader._documents or (data.errors and os.path.basename(run_dir) == schema.RUN_SUBDIR):
             result[run] = data
+    for run, error in unlisted:
+        if runs is None or run in runs:
+            result[run] = RunData(run, errors=[f"cannot list the folder {run}: {error}; runs inside it, if any, "
+                                               "are not shown"])
     return result
 
 
-def _run_dirs(logdir: str) -> list[tuple[str, str]]:
-    """(run name, directory) for every directory under `logdir` holding event files, named as TensorBoard does."""
-    found, visited = [], set()
-    for directory, subdirs, files in os.walk(logdir, followlinks=True):  # linked runs count, as in TensorBoard
+def _run_dirs(logdir: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(run name, directory) for every directory under `logdir` holding event files, named as TensorBoard does;
+    and (name, error) for every directory that could not be listed."""
+    found, visited, unlisted = [], set(), []
+
+    def unlistable(error: OSError) -> None:
+        if error.errno not in (errno.ENOENT, errno.ENOTDIR):  # not one removed while walking
+            relative = os.path.relpath(error.filename or logdir, logdir).replace(os.sep, "/")
+            unlisted.append((relative, error.strerror or str(error)))
+
+    # linked runs count, as in TensorBoard
+    for directory, subdirs, files in os.walk(logdir, onerror=unlistable, followlinks=True):
         real = os.path.realpath(directory)
         if real in visited:  # a link loop
             subdirs.clear()
@@ -409,7 +479,7 @@ def _run_dirs(logdir: str) -> list[tuple[str, str]]:
         if any(EVENT_FILE_MARK in name for name in files):
             relative = os.path.relpath(directory, logdir)
             found.append((relative.replace(os.sep, "/"), directory))
-    return sorted(found)
+    return sorted(found), sorted(unlisted)
 
 
 def read_runs(provider: Any, ctx: Any, experiment_id: str = "", runs: list[str] | None = None) -> dict[str, RunData]:

@@ -21,7 +21,10 @@ from tensorboard.compat.proto import summary_pb2
 PLUGIN_NAME = "rnnmon"
 FORMAT_VERSION = 2
 RUN_SUBDIR = "rnnmon"  # a run is `<log_dir>/rnnmon`, or `<log_dir>/<worker>/rnnmon` for a worker of a job
-WORKER_DIR = re.compile(r"(worker|chief|evaluator|process)-(\d+)")  # a worker's folder name, whole (fullmatch)
+TASK_TYPES = ("chief", "master", "worker", "ps", "evaluator")  # TF_CONFIG's task types (TensorFlow, Cloud AI)
+# A worker's folder name, whole (fullmatch): one of TASK_TYPES (or JAX's `process`), a dash and its index. Only these
+# names become folders (rnnmon.capture.workers), so a worker's run is always one the tab recognises.
+WORKER_DIR = re.compile(rf"({'|'.join(TASK_TYPES)}|process)-(\d{{1,6}})")
 # A worker's run, `[job/]worker-<index>/rnnmon`, in the syntax Python and JavaScript share (the tab compiles it)
 WORKER_RUN = re.compile(rf"(^|/)(?:{WORKER_DIR.pattern})/{re.escape(RUN_SUBDIR)}$")
 

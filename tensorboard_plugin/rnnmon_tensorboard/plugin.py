@@ -6,7 +6,8 @@ they are expanded; see `run_files`), and a live run's reader and timeline index 
 change; otherwise run data comes through TensorBoard's data provider, so the Rust data server and the Python
 loader both work. TensorBoard's data provider always says which runs exist. The one write is
 `POST /thresholds`, which saves the thresholds file at the log directory's root (see `thresholds_store`); it
-takes JSON only, with a header a cross-site form cannot send, and a small body. See `http_api.md`.
+takes JSON only, with a header a cross-site form cannot send, the version of the file it edits, and a small body.
+See `http_api.md`.
 
 Example:
     >>> plugin = RnnmonPlugin(base_plugin.TBContext(logdir="runs", data_provider=provider))
@@ -40,7 +41,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from rnnmon.analysis import verdict
-from rnnmon.analysis.stragglers import compare_workers, worker_of
+from rnnmon.analysis.stragglers import compare_workers, worker_of, worker_order
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
@@ -96,7 +97,8 @@ class RunDataError(errors.PublicError):
 
 
 class RequestRefused(errors.PublicError):
-    """A refused `POST /thresholds`, with its HTTP status (405, 409, 413, 415); the message says what to change."""
+    """A refused `POST /thresholds`, with its HTTP status (405, 409, 413, 415, 428); the message says what to
+    change."""
 
     def __init__(self, http_code: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         super().__init__(message)
@@ -183,9 +185,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             raise RequestRefused(405, f"/thresholds answers GET and POST only. Received: {request.method}",
                                  [("Allow", "GET, HEAD, POST")])
         _check_host(request)
-        return http_util.Respond(request, self.save_thresholds_impl(_json_body(request),
-                                                                    request.headers.get(VERSION_HEADER)),
-                                 "application/json")
+        edits = _edited_version(request)
+        return http_util.Respond(request, self.save_thresholds_impl(_json_body(request), edits), "application/json")
 
     # --- work --------------------------------------------------------------------------------------------
     def runs_impl(self, ctx: Any, experiment: str) -> dict[str, Any]:
@@ -199,8 +200,9 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         file_bytes: dict[str, int] = {}
         for run in sorted(name for name, tags in listing.items() if tags):
             last_write = max(series.max_wall_time for series in listing[run].values())
+            notes: list[str] = []
             if self._local:  # from the files: nothing of them is expanded by the provider, and newer than its reload
-                info, problems, written, file_bytes[run] = self._description(experiment, run)
+                info, problems, notes, written, file_bytes[run] = self._description(experiment, run)
                 last_write = max(last_write, written)
             else:
                 info, error = _newest_json(described.get(run, {}).get(schema.RUN_TAG, []))
@@ -210,7 +212,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 status = "live" if now - last_write <= self._live_window_s else "stalled"
             runs.append({"run": run, "name": _display_name(run), "status": status, "live": status == "live",
                          "last_write": last_write, "age_s": round(now - last_write, 1),
-                         "start": info.get("start"), "errors": problems})
+                         "start": info.get("start"), "errors": problems, "notes": notes})
         if self._local:
             self._offer_reads(ctx, experiment, runs, file_bytes)
         return {"runs": runs, "live_window_s": self._live_window_s, "worker_run_pattern": schema.WORKER_RUN.pattern}
@@ -270,26 +272,32 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         return summary
 
     def workers_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
-        """The workers of `run`'s multi-worker job side by side, with STRAGGLER; no workers for other runs."""
+        """The workers of `run`'s multi-worker job side by side, with STRAGGLER, and those left out of the
+        comparison with the reason (unreadable data, too few steps); no workers for other runs."""
         job = worker_of(run)
         if job is None:
-            return {"job": None, "workers": [], "findings": []}
+            return {"job": None, "workers": [], "findings": [], "left_out": []}
         listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME)
-        siblings = sorted(name for name, tags in listing.items() if tags and (worker_of(name) or (None,))[0] == job[0])
-        summaries = []
-        for name in siblings:
+        siblings = sorted((found[1], name) for name, tags in listing.items()
+                          if tags and (found := worker_of(name)) is not None and found[0] == job[0])
+        summaries, left_out = [], []
+        for worker, name in sorted(siblings, key=lambda pair: worker_order(pair[0])):
             try:
-                summaries.append(self.summary_impl(ctx, experiment, name))
-            except (RunDataError, errors.NotFoundError):
-                continue  # /summary reports that run's error
+                summary = self.summary_impl(ctx, experiment, name)
+            except (RunDataError, errors.NotFoundError) as error:
+                left_out.append({"worker": worker, "run": name, "reason": str(error)})
+                continue
+            if summary["verdict"] == "insufficient-data":  # compare_workers leaves it out
+                left_out.append({"worker": worker, "run": name, "reason": "too few steps to compare"})
+            summaries.append(summary)
         groups = compare_workers(summaries)
-        return groups[0] if groups else {"job": job[0], "workers": [], "findings": []}
+        return {**(groups[0] if groups else {"job": job[0], "workers": [], "findings": []}), "left_out": left_out}
 
     def thresholds_impl(self) -> dict[str, Any]:
         """The saved thresholds (or the defaults), the file's path, and whether the tab can save it."""
         return self._thresholds.read()
 
-    def save_thresholds_impl(self, data: Any, edits: str | None = None) -> dict[str, Any]:
+    def save_thresholds_impl(self, data: Any, edits: str) -> dict[str, Any]:
         """Validate and save `data` as the thresholds file, if it still is at version `edits`; `thresholds_impl()`
         afterwards."""
         try:
@@ -361,13 +369,13 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         """What the cached indexes and summaries hold (the caller holds `_lock`)."""
         return sum(entry.nbytes for entry in self._cache.values())
 
-    def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], float, int]:
-        """A local run's newest description, its errors (the description's, and damage to its files), when its
-        files last changed and their size; reads only the bytes written since the last call and parses only
-        records that name the description's tag."""
+    def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], list[str], float, int]:
+        """A local run's newest description, its errors (the description's, and damage to its files), its notes
+        (event files that overlap), when its files last changed and their size; reads only the bytes written since
+        the last call and parses only records that name the description's tag."""
         run_dir = self._run_dir(run)
         if run_dir is None:
-            return {}, [], 0.0, 0
+            return {}, [], [], 0.0, 0
         version = LocalRuns.version(run_dir)
         with self._descriptions_lock:
             known = self._descriptions.get((experiment, run))
@@ -375,7 +383,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 reader = known[1] if known else RunReader(run, tags=frozenset({schema.RUN_TAG}))
                 known = self._descriptions[(experiment, run)] = (version, reader, reader.update_from_files(run_dir))
         data = known[2]
-        return (data.info, data.errors, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0),
+        return (data.info, data.errors, data.notes, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0),
                 sum(size for _, size, _ in version))
 
     def _plotly_bundle(self) -> bytes:
@@ -399,11 +407,22 @@ def _static_file(name: str, mimetype: str) -> Any:
     return serve
 
 
-def _json_body(request: wrappers.Request) -> Any:
-    """The JSON document of a save request, after the checks that keep other sites and large bodies out."""
+def _edited_version(request: wrappers.Request) -> str:
+    """The `version` of the thresholds a save edits, after the header check that keeps other sites out: every
+    client must say it (428 without), so a save never overwrites a file it has not seen."""
     if request.headers.get(SAVE_HEADER, "").strip().lower() != SAVE_HEADER_VALUE:
         raise errors.PermissionDeniedError(
             f"POST /thresholds needs the header {SAVE_HEADER}: {SAVE_HEADER_VALUE} (a cross-site form cannot send it)")
+    edits = request.headers.get(VERSION_HEADER, "").strip()
+    if not edits:
+        raise RequestRefused(428, f"POST /thresholds needs the header {VERSION_HEADER}: the version that GET "
+                                  "/thresholds answered (\"none\" while there is no file), so that a save never "
+                                  "overwrites changes it has not seen")
+    return edits
+
+
+def _json_body(request: wrappers.Request) -> Any:
+    """The JSON document of a save request, after the checks that keep large bodies out."""
     if request.mimetype != "application/json":
         raise RequestRefused(415, "POST /thresholds takes JSON: send Content-Type: application/json. "
                                   f"Received: {request.content_type or 'no Content-Type'}")

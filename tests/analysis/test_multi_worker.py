@@ -19,6 +19,7 @@ from conftest import TESTS
 
 from rnnmon.analysis.stragglers import compare_workers
 from rnnmon.findings import amdahl
+from rnnmon.format.reader import read_logdir
 from rnnmon.report import build_report, render_text
 
 WORKER = textwrap.dedent("""
@@ -118,6 +119,53 @@ def test_worker_names_from_tf_config():
     assert worker_name(config({"type": "chief", "index": 0})) == "chief-0"  # not worker-0: that one exists too
     assert worker_name({"TF_CONFIG": "{not json"}) is None
     assert worker_name({}) is None
+    assert worker_name(config({"type": "ps", "index": "2"})) == "ps-2"  # an index written as a string
+
+
+@pytest.mark.parametrize(("kind", "index"), [("../../x", 0), ("/tmp/abs", 0), ('q"uote\nline', 1), ("worker/..", 0),
+                                             ("worker", -1), ("worker", "1/../.."), ("worker", 10**6), (["worker"], 0)])
+def test_a_task_that_cannot_name_a_folder_is_refused_with_one_error(kind, index, caplog):
+    from rnnmon.capture.workers import worker_name
+
+    assert worker_name({"TF_CONFIG": json.dumps({"cluster": {}, "task": {"type": kind, "index": index}})}) is None
+    (error,) = [r.getMessage() for r in caplog.records if r.name == "rnnmon"]
+    assert "cannot name a worker's folder" in error and "\n" not in error  # one line, the type escaped
+
+
+HOSTILE_FITS = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {tests!r})
+    from conftest import stalled_dataset, tiny_model
+    from fake_nvml import library_missing
+    from rnnmon import UtilizationMonitor
+
+    with library_missing():
+        for kind, log_dir in {cases!r}:
+            os.environ["TF_CONFIG"] = json.dumps({{"cluster": {{}}, "task": {{"type": kind, "index": 0}}}})
+            tiny_model().fit(stalled_dataset(6), epochs=1, verbose=0,
+                             callbacks=[UtilizationMonitor(log_dir, audit=False)])
+""")
+
+
+@pytest.mark.slow
+def test_a_hostile_tf_config_task_type_writes_nothing_outside_the_log_dir(tmp_path):
+    # The task type went unchecked into the run folder's path: `../../x` and an absolute path wrote outside
+    # log_dir, and quotes and newlines ended up in folder names.
+    kinds = ["../../escaped", str(tmp_path / "absolute"), 'quote"and\nnewline']
+    cases = [(kind, str(tmp_path / f"job{i}" / "logs")) for i, kind in enumerate(kinds)]
+    child = subprocess.run([sys.executable, "-c", HOSTILE_FITS.format(tests=TESTS, cases=cases)],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-3000:]
+    written = sorted(os.path.relpath(os.path.join(folder, name), tmp_path)
+                     for folder, _, names in os.walk(tmp_path) for name in names)
+    assert written and all(path.startswith(tuple(f"job{i}/logs/rnnmon/" for i in range(3))) for path in written), \
+        written
+    for _, log_dir in cases:  # each fit recorded, as a single process
+        run = read_logdir(log_dir)["rnnmon"]
+        assert run.errors == [] and run.info["status"] == "finished" and len(run.steps) >= 4
+        assert run.info["worker"] is None
+    refused = [line for line in child.stderr.splitlines() if "cannot name a worker's folder" in line]
+    assert len(refused) == 3, child.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -147,7 +195,7 @@ def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
     assert answer["job"] == "job" and [w["worker"] for w in answer["workers"]] == ["worker-0", "worker-1"]
     assert [(f["code"], f["where"]) for f in answer["findings"]] == [("STRAGGLER", "worker-1")]
     other = client.get("/data/plugin/rnnmon/workers", query_string={"run": "elsewhere/rnnmon"}).get_json()
-    assert other == {"job": None, "workers": [], "findings": []}
+    assert other == {"job": None, "workers": [], "findings": [], "left_out": []}
 
 
 def _worker(name, step_ms, wait_ms, gpu_idle):

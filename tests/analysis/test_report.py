@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from conftest import stalled_dataset, tiny_model
@@ -109,3 +113,49 @@ def test_text_report_escapes_control_characters_in_names(tmp_path):
     text = _report(str(tmp_path)).stdout
     assert "\x1b" not in text and "\x07" not in text
     assert "evil\\x1b]0;owned\\x07\\x1b[2J" in text and "finished\\x1b[31m" in text
+
+
+AS_NOBODY = """
+import json, os, sys
+from rnnmon.report import build_report, render_text
+build_report(sys.argv[1])  # imports all the report needs while this interpreter's files are readable (they are root's)
+if os.geteuid() == 0:  # root reads a mode-000 folder anyway: become the user nobody (65534)
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+report = build_report(sys.argv[1])
+print(json.dumps({"report": report, "text": render_text(report)}))
+"""
+
+
+def _report_as_nobody(logdir: str) -> dict:
+    """`build_report` and `render_text` of `logdir` in a subprocess that runs them as the user nobody when this
+    process is root, so file permissions apply as they do to a user."""
+    result = subprocess.run([sys.executable, "-c", AS_NOBODY, logdir], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and not any(p.pw_uid == 65534 for p in pwd.getpwall()),
+                    reason="root reads a mode-000 folder; dropping to the user nobody (65534) needs that user")
+def test_an_unreadable_run_folder_gets_an_error_line(logdir):
+    # A run folder the reader may not list (mode 000) was left out of the report without a word.
+    root = tempfile.mkdtemp(prefix="rnnmon-unlisted-")  # outside pytest's root-only folder: nobody must reach it
+    try:
+        for run in ("slow", "locked"):
+            shutil.copytree(logdir / ("slow" if run == "slow" else "short"), os.path.join(root, run))
+        for folder, _, names in os.walk(root):
+            os.chmod(folder, 0o755)
+            for name in names:
+                os.chmod(os.path.join(folder, name), 0o644)
+        os.chmod(os.path.join(root, "locked", "rnnmon"), 0)
+        answer = _report_as_nobody(root)
+    finally:
+        os.chmod(os.path.join(root, "locked", "rnnmon"), 0o755)
+        shutil.rmtree(root)
+    runs = {run["run"]: run for run in answer["report"]["runs"]}
+    assert set(runs) == {"slow/rnnmon", "locked/rnnmon"}
+    assert runs["slow/rnnmon"]["steps"] > 20 and runs["slow/rnnmon"]["errors"] == []
+    (error,) = runs["locked/rnnmon"]["errors"]
+    assert "cannot list the folder locked/rnnmon: Permission denied" in error
+    assert f"  error reading {error}" in answer["text"]

@@ -46,6 +46,7 @@ from rnnmon.analysis.summary import summarize
 from rnnmon.capture.workers import worker_name
 from rnnmon.format import schema
 from rnnmon.format.reader import open_logdir, read_runs
+from rnnmon.report import build_report, render_text
 
 ROUTE = "/data/plugin/rnnmon/"
 CHUNKS = 150  # more than either loader keeps by default for an unknown plugin (10 and 100)
@@ -184,11 +185,36 @@ def test_runs_serve_the_worker_run_pattern_python_recognises(client):
     pattern = get(client, "runs")[1]["worker_run_pattern"]
     assert pattern == schema.WORKER_RUN.pattern
     tasks = [json.dumps({"cluster": {}, "task": {"type": kind, "index": index}})
-             for kind, index in (("worker", 1), ("chief", 0), ("evaluator", 0), ("worker", 12))]
+             for kind, index in (("worker", 1), ("chief", 0), ("evaluator", 0), ("worker", 12), ("ps", 0),
+                                 ("master", 3))]
     written = [f"job/{worker_name({'TF_CONFIG': task})}/rnnmon" for task in tasks]  # where monitors write
     others = ["exp1/rnnmon", "worker-1x/rnnmon", "myworker-1/rnnmon", "job/worker-1/rnnmon/rnnmon", "rnnmon"]
     for run in [*written, "process-3/rnnmon", *others]:
         assert bool(re.search(pattern, run)) == (worker_of(run) is not None) == (run not in others), run
+
+
+def test_workers_lists_the_workers_it_leaves_out_with_the_reason(tmp_path):
+    # /workers left damaged workers out without a word (3 of 64 in a probe): each is listed with its error.
+    job = tmp_path / "job"
+    for index in (0, 2, 5):
+        write_gpu_run(str(job / f"worker-{index}" / "rnnmon"), 10)
+    write_unreadable_run(str(job / "worker-1" / "rnnmon"))
+    write_bad_description_run(str(job / "worker-3" / "rnnmon"))
+    write_gpu_run(str(job / "worker-10" / "rnnmon"), 10)
+    truncate_event_file(str(job / "worker-10" / "rnnmon"))
+    for name in os.listdir(job / "worker-10" / "rnnmon"):  # cut a minute ago: no writer is still finishing it
+        os.utime(job / "worker-10" / "rnnmon" / name, (time.time() - 60, time.time() - 60))
+    write_gpu_run(str(job / "worker-4" / "rnnmon"), 1)  # 5 steps: too few to compare
+    status, body = get(plugin_client(str(tmp_path)), "workers", run="job/worker-0/rnnmon")
+    assert status == 200 and [row["worker"] for row in body["workers"]] == ["worker-0", "worker-2", "worker-5"]
+    left_out = {row["worker"]: row for row in body["left_out"]}
+    assert list(left_out) == ["worker-1", "worker-3", "worker-4", "worker-10"]  # in index order
+    for worker, reason in (("worker-1", "expected rows of 7 columns"),
+                           ("worker-3", "a table where a JSON document belongs"), ("worker-10", "truncated")):
+        assert "unreadable rnnmon data" in left_out[worker]["reason"] and reason in left_out[worker]["reason"]
+        assert left_out[worker]["run"] == f"job/{worker}/rnnmon"
+    assert left_out["worker-4"]["reason"] == "too few steps to compare"
+    assert get(plugin_client(str(tmp_path)), "workers", run="job/worker-1/rnnmon")[1]["left_out"]  # from any worker
 
 
 def test_running_run_is_live_then_stalled(tmp_path):
@@ -323,6 +349,27 @@ def test_unreadable_run_fails_alone(client):
     assert "truncated" in runs["truncated/rnnmon"]["errors"][0] and not runs["long/rnnmon"]["errors"]
 
 
+def test_a_copied_event_file_counts_once_in_the_report_and_the_tab(logdir, tmp_path):
+    # A real fit's event file copied beside itself (a restored backup, a sync tool): every step counted once, and
+    # the run says that two of its files cover the same steps.
+    shutil.copytree(os.path.join(logdir, "cpu_fit"), tmp_path / "cpu_fit")
+    run_dir = tmp_path / "cpu_fit" / "rnnmon"
+    status, alone = get(plugin_client(str(tmp_path)), "summary", run="cpu_fit/rnnmon")
+    assert status == 200 and alone["steps"] > 20
+    (name,) = [name for name in os.listdir(run_dir) if "tfevents" in name]
+    shutil.copyfile(run_dir / name, run_dir / (name + ".copy"))
+    client = plugin_client(str(tmp_path))
+    status, both = get(client, "summary", run="cpu_fit/rnnmon")
+    assert status == 200 and both["steps"] == alone["steps"] and both["errors"] == []
+    assert alone["notes"] == []
+    assert len(both["notes"]) == 1 and "a copy of the file" in both["notes"][0] and name in both["notes"][0]
+    (listed,) = get(client, "runs")[1]["runs"]
+    assert listed["errors"] == [] and listed["notes"] and "a copy of the file" in listed["notes"][0]
+    report = build_report(str(tmp_path))
+    assert report["runs"][0]["steps"] == alone["steps"]
+    assert "  note           " + both["notes"][0] in render_text(report)
+
+
 def _scripts() -> dict[str, str]:
     """The tab's JavaScript modules by name."""
     folder = plugin_module.STATIC_DIR
@@ -370,7 +417,7 @@ def test_listed_as_an_active_iframe_tab(client):
 
 
 # --- alert thresholds: GET /thresholds, POST /thresholds -------------------------------------------------------
-SAVE = {"X-Rnnmon-Request": "save"}
+SAVE = {"X-Rnnmon-Request": "save", "X-Rnnmon-Version": "none"}  # "none": there is no file yet
 RAISED = {"gpu_util_low": {"enabled": True, "pct": 80, "resolve_pct": 85, "for_s": 1.0},
           "idle_gap": {"enabled": False, "min_s": 5.0}}
 
@@ -447,7 +494,8 @@ def test_post_saves_the_thresholds_file(tmp_path):
     assert load_thresholds_file(tmp_path / THRESHOLDS_FILE) == expected  # what a monitor will load
     assert body["thresholds"] == expected.to_dict() == get(client, "thresholds")[1]["thresholds"]
     assert os.listdir(tmp_path) == [THRESHOLDS_FILE]  # one file, no temporary left behind
-    status, body = post(client, {}, headers={"x-rnnmon-request": "Save"})  # header names are case-insensitive
+    status, body = post(client, {}, headers={"x-rnnmon-request": "Save", "x-rnnmon-version": body["version"]})
+    # header names are case-insensitive
     assert status == 200 and load_thresholds_file(tmp_path / THRESHOLDS_FILE) == Thresholds()
 
 
@@ -455,6 +503,8 @@ def test_post_saves_the_thresholds_file(tmp_path):
     (RAISED, {}, "application/json", 403, "needs the header X-Rnnmon-Request: save"),
     (RAISED, {"X-Rnnmon-Request": "yes"}, "application/json", 403, "X-Rnnmon-Request"),
     ("gpu_util_low=80", {}, "application/x-www-form-urlencoded", 403, "X-Rnnmon-Request"),  # a cross-site form
+    (RAISED, {"X-Rnnmon-Request": "save"}, "application/json", 428, "needs the header X-Rnnmon-Version"),
+    (RAISED, {**SAVE, "X-Rnnmon-Version": " "}, "application/json", 428, "X-Rnnmon-Version"),
     (RAISED, SAVE, "text/plain", 415, "takes JSON: send Content-Type: application/json. Received: text/plain"),
     ("{not json", SAVE, "application/json", 400, "the body is not valid JSON"),
     ({"gpu_util_low": {"pct": 80, "resolve_pct": 70}}, SAVE, "application/json", 400,
@@ -610,6 +660,17 @@ def test_post_huge_numbers_and_deep_nesting_are_400(tmp_path, body, message):
     status, answer = post(thresholds_client(str(tmp_path)), body[:16_000])
     assert status == 400 and message in answer, answer
     assert not (tmp_path / THRESHOLDS_FILE).exists()
+
+
+def test_a_save_without_the_version_header_is_428_and_overwrites_nothing(tmp_path):
+    # A client that does not say which version it edits used to overwrite the file unconditionally.
+    client = thresholds_client(str(tmp_path))
+    status, saved = post(client, RAISED)
+    assert status == 200
+    status, answer = post(client, {}, headers={"X-Rnnmon-Request": "save"})
+    assert status == 428 and "X-Rnnmon-Version" in answer and '"none"' in answer
+    assert load_thresholds_file(tmp_path / THRESHOLDS_FILE) == Thresholds.from_dict(RAISED)
+    assert get(client, "thresholds")[1]["version"] == saved["version"]
 
 
 def test_stale_save_is_409_and_writes_nothing(tmp_path):

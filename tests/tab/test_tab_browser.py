@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -94,10 +95,13 @@ def logdir(tmp_path_factory):
                    capture_output=True, timeout=180)
     start = time.time() - 200.0
     write_gpu_run(str(root / GPU_RUN / "rnnmon"), 40, gpus=2, dip_at=100, start=start)
+    (written,) = (root / GPU_RUN / "rnnmon").iterdir()
+    shutil.copyfile(written, f"{written}.copy")  # a copy beside it: counted once, and the card notes it
     _write_alerts(str(root / GPU_RUN / "rnnmon"), start, GPU_RUN_ALERTS)
     write_unreadable_run(str(root / "unreadable" / "rnnmon"))
     for index, wait_s in ((0, 0.001), (1, 0.015)):  # two workers of one job; worker-1 waits for input
         write_gpu_run(str(root / "job" / f"worker-{index}" / "rnnmon"), 20, start=start, wait_s=wait_s)
+    write_unreadable_run(str(root / "job" / "worker-2" / "rnnmon"))  # a damaged worker: left out, with the reason
     return root
 
 
@@ -269,9 +273,13 @@ def test_workers_of_a_job_side_by_side_with_the_straggler(tab):
     page, frame, problems, _ = tab
     _select(frame, "job/worker-1/rnnmon")
     frame.wait_for_selector("#rm-workers:not([hidden]) tbody tr", timeout=30_000)
-    rows = frame.locator("#rm-workers tbody tr")
+    rows = frame.locator("#rm-workers tbody tr:not(.rm-worker-left-out)")
     assert [rows.nth(i).get_attribute("data-worker") for i in range(rows.count())] == ["worker-0", "worker-1"]
     assert "rm-alert-firing" in rows.nth(1).get_attribute("class")  # the straggler stands out
+    left_out = frame.locator("#rm-workers tbody tr.rm-worker-left-out")
+    assert left_out.count() == 1 and left_out.get_attribute("data-worker") == "worker-2"
+    assert "left out: Run 'job/worker-2/rnnmon' has unreadable rnnmon data" in left_out.inner_text()
+    assert "2 workers, 1 left out" in frame.locator("#rm-workers .rm-alerts-head").inner_text()
     assert "STRAGGLER at worker-1" in frame.locator("#rm-workers .rm-straggler").inner_text()
     _screenshot(page, "tab_workers.png")
     _select(frame, "input_bound/rnnmon")  # not a worker: no table
@@ -296,6 +304,7 @@ def test_gpu_run_and_an_unreadable_run(tab, tensorboard):
     error = frame.locator(".rm-card").nth(1).locator(".rm-error")
     assert "unreadable rnnmon data" in error.inner_text()
     assert frame.locator(".rm-card").nth(0).locator(".rm-error").count() == 0
+    assert "a copy of the file" in frame.locator(".rm-card").nth(0).locator(".rm-note").inner_text()
     # names from the data are text: in the page, in the selector and in plotly's labels
     assert frame.locator(".rm-card .rm-run").first.inner_text() == GPU_RUN
     assert frame.locator("#rm-run-a option:checked").inner_text() == GPU_RUN

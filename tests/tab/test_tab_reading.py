@@ -19,7 +19,7 @@ import pytest
 from rnnmon_tensorboard.downsample import IntervalCoverage, MinMaxPyramid
 from rnnmon_tensorboard.plugin import RnnmonPlugin
 from rnnmon_tensorboard.timeline import TimelineIndex
-from synthetic_runs import write_gpu_run
+from synthetic_runs import write_gpu_run, write_writers
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
@@ -28,7 +28,6 @@ from tensorboard.plugins import base_plugin
 from rnnmon.format import schema
 from rnnmon.format.eventfile import EventFileAppender
 from rnnmon.format.reader import RunReader
-from rnnmon.format.writer import SummaryWriter
 
 RUN = "live/rnnmon"
 
@@ -159,22 +158,6 @@ def _huge_shape_event(tag: str, step: int) -> bytes:
     return event.SerializeToString()
 
 
-def _two_writers(run_dir: str, steps_each: int, chunk: int) -> None:
-    """Two writers' file series in one run folder (two processes on one log_dir), their chunks interleaved."""
-    writers = [SummaryWriter(run_dir) for _ in range(2)]
-    t0 = time.time() - 600
-    for writer in writers:
-        writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "finished", "start": t0})
-    for first in range(0, steps_each, chunk):
-        for index, writer in enumerate(writers):
-            rows = [(step + 1, 0, t0 + 0.05 * step + 0.02 * index, t0 + 0.05 * step + 0.02 * index + 0.015, 5.0,
-                     np.nan if step == 0 else 1.0, 1) for step in range(first, first + chunk)]
-            writer.table(schema.STEPS_TAG, rows)
-            writer.flush()
-    for writer in writers:
-        writer.close()
-
-
 @pytest.fixture(scope="module")
 def hostile_logdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
@@ -182,7 +165,7 @@ def hostile_logdir(tmp_path_factory):
     with EventFileAppender(str(root / "huge" / "rnnmon")) as out:
         out.add(_huge_shape_event(schema.RUN_TAG, 1))
         out.add(_huge_shape_event(schema.STEPS_TAG, 2))
-    _two_writers(str(root / "two_writers" / "rnnmon"), 600, 50)
+    write_writers(str(root / "two_writers" / "rnnmon"), 2, 600, 50)
     return str(root)
 
 

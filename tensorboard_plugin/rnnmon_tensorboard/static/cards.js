@@ -19,10 +19,12 @@ export function drawRunCards(section, runs, results) {
   section.replaceChildren(...runs.map((run) => card(run, results.get(run.run))));
 }
 
-// The workers of a multi-worker job side by side, with the straggler (see /workers); hidden without `group`.
+// The workers of a multi-worker job side by side, with the straggler, then those left out with the reason (see
+// /workers); hidden without `group`.
 export function drawWorkers(section, group) {
   const ms = (value) => (value === null || value === undefined ? "n/a" : `${fixed(value, 2)} ms`);
-  section.hidden = !group?.workers?.length;
+  const leftOut = group?.left_out || [];
+  section.hidden = !group?.workers?.length && !leftOut.length;
   if (section.hidden) return;
   const table = el("table", "rm-alert-table rm-workers-table");
   const top = el("tr");
@@ -38,9 +40,18 @@ export function drawWorkers(section, group) {
       el("td", "", pct(row.host_gap_fraction)), el("td", "", pct(row.gpu_idle_fraction)));
     tbody.append(tr);
   }
+  for (const row of leftOut) {
+    const tr = el("tr", "rm-worker-left-out");
+    tr.dataset.worker = row.worker;
+    const reason = el("td", "", `left out: ${row.reason}`);
+    reason.colSpan = 4;
+    tr.append(el("td", "", row.worker), reason);
+    tbody.append(tr);
+  }
   table.append(thead, tbody);
   const head = el("div", "rm-alerts-head");
-  head.append(el("h2", "", "Workers"), el("span", "rm-muted", `job ${group.job}, ${group.workers.length} workers`));
+  const counts = `job ${group.job}, ${group.workers.length} workers${leftOut.length ? `, ${leftOut.length} left out` : ""}`;
+  head.append(el("h2", "", "Workers"), el("span", "rm-muted", counts));
   const parts = [head, table];
   if (straggler) parts.push(el("p", "rm-straggler", `${straggler.code} at ${straggler.where}: ${straggler.message}`));
   section.replaceChildren(...parts);
@@ -60,6 +71,11 @@ function card(run, result) {
   if (errors.length) {
     const box = el("div", "rm-error");
     box.append(el("strong", "", "This run's data cannot be read."), ...errors.map((e) => el("p", "", e)));
+    node.append(box);
+  }
+  if (run.notes?.length) { // overlapping event files: read, but worth knowing
+    const box = el("div", "rm-note");
+    box.append(el("strong", "", "Note on this run's files."), ...run.notes.map((n) => el("p", "", n)));
     node.append(box);
   }
   if (!result?.summary) {
