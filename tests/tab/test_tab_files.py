@@ -245,3 +245,17 @@ def test_summary_follows_a_live_file_cut_below_what_it_read(tmp_path):
     assert status == 422 and run["errors"] and all(error in body for error in run["errors"]), (body, run)
     assert "skipped, read on from the next whole record" in run["errors"][0]
 
+
+def test_runs_follows_a_live_run_beside_a_dangling_link_named_like_an_event_file(tmp_path):
+    run_dir = str(tmp_path / "live" / "rnnmon")
+    writer = SummaryWriter(run_dir)
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "running", "start": time.time()})
+    _chunk(writer, 1)
+    client = _client(tmp_path)
+    os.symlink(str(tmp_path / "gone"), os.path.join(run_dir, HOSTILE))
+    (run,) = _get_json(client, "runs")[1]["runs"]
+    assert run["status"] == "live" and run["errors"] == [f"{HOSTILE}: cannot read: No such file or directory"]
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "finished", "start": time.time()})
+    writer.close()
+    (run,) = _get_json(client, "runs")[1]["runs"]
+    assert run["status"] == "finished"  # the other file's growth seen (the link hid every change of the folder)
