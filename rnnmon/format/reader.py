@@ -13,7 +13,8 @@ Chunks that land before rows already read (a second writer's file) are merged on
 chunk; a chunk found in two files (a copied file) counts once. Both are named in the run's `notes`, which, unlike
 `errors`, leave the run readable. It reads either TensorBoard's data provider (`update_from_provider`) or the
 run's event files directly (`update_from_files`: no TensorFlow, checksums verified, only new bytes of each file
-read).
+read, in bounded batches; a FIFO, device or huge sparse file named like an event file is an error of its run; a
+file cut below what was read is read again from its last intact record, see `eventfile.RecordCursor`).
 
 Example:
     >>> runs = read_logdir("runs")                      # what `rnnmon report` reads: {run name: RunData}
@@ -42,7 +43,7 @@ import numpy as np
 from tensorboard.compat.proto import types_pb2
 
 from rnnmon.format import packing, schema
-from rnnmon.format.eventfile import EVENT_FILE_MARK, scan_records
+from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor
 
 ALL_SAMPLES = 10**9  # `downsample` that keeps everything the provider holds
 MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a few KiB in practice
@@ -154,8 +155,8 @@ class RunReader:
         self._fits: set[tuple[Any, Any]] = set()
         self._errors: dict[str, None] = {}
         self._last_write = 0.0
-        self._offsets: dict[str, int] = {}  # per event file: bytes read (update_from_files) and checked
-        self._checked: dict[str, int] = {}
+        self._cursors: dict[str, RecordCursor] = {}  # per event file: where update_from_files is, and check_files
+        self._checked: dict[str, RecordCursor] = {}
         self._staged: dict[str, list[tuple[int, np.ndarray]]] = {}
         self._events: dict[tuple[int, float], str] = {}  # (step, wall time) of each rnnmon event read -> its file
         self._repeated: dict[tuple[str, str], None] = {}  # (file, an earlier file whose events it repeats)
@@ -204,7 +205,7 @@ class RunReader:
         from google.protobuf.message import DecodeError
         from tensorboard.compat.proto import event_pb2
 
-        for name, records in self._scan(run_dir, self._offsets):
+        for name, records in self._scan(run_dir, self._cursors):
             for record in records:
                 if self._marks is not None and not any(mark in record for mark in self._marks):
                     continue  # cannot hold a wanted tag: not even parsed
@@ -227,27 +228,29 @@ class RunReader:
             pass
         return list(self._errors)
 
-    def _scan(self, run_dir: str, offsets: dict[str, int]) -> Iterator[tuple[str, list[bytes]]]:
-        """(file name, new whole records) per event file in `run_dir`; damage is recorded as errors."""
+    def _scan(self, run_dir: str, cursors: dict[str, RecordCursor]) -> Iterator[tuple[str, list[bytes]]]:
+        """(file name, new whole records) per event file in `run_dir`, a bounded batch at a time; damage, and
+        what is not a regular file (a FIFO, a link to a device), is recorded as errors."""
         try:
             names = sorted(name for name in os.listdir(run_dir) if EVENT_FILE_MARK in name)
         except OSError as error:
             self._error(f"cannot list {run_dir}: {error.strerror or error}")
             return
         for name in names:
-            path = os.path.join(run_dir, name)
-            try:
-                scan = scan_records(path, offsets.get(name, 0))
-                modified = os.path.getmtime(path)
-            except OSError as error:
-                self._error(f"{name}: cannot read: {error.strerror or error}")
-                continue
-            offsets[name] = scan.offset
-            if scan.problem:
-                self._error(f"{name}: {scan.problem}")
-            if scan.truncated and time.time() - modified > TAIL_GRACE_S:
-                self._error(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
-            yield name, scan.records
+            cursor = cursors.setdefault(name, RecordCursor())
+            more = True
+            while more:
+                try:
+                    scan = cursor.scan(os.path.join(run_dir, name))
+                except OSError as error:
+                    self._error(f"{name}: cannot read: {error.strerror or error}")
+                    break
+                if scan.problem:
+                    self._error(f"{name}: {scan.problem}")
+                if scan.truncated and time.time() - scan.modified > TAIL_GRACE_S:
+                    self._error(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
+                more = scan.more
+                yield name, scan.records
 
     def _add_file_event(self, name: str, event: Any) -> None:
         """Add an event of file `name`, unless another file held an event with its step and wall time.

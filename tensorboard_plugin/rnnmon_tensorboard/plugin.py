@@ -90,6 +90,16 @@ class _CachedRun:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
+@dataclasses.dataclass
+class _Described:
+    """What /runs knows of a local run: the reader of its descriptions, and the version of its files it last read
+    with what that gave (one value, replaced whole); `lock` is held while it reads."""
+
+    reader: RunReader
+    read: tuple[Any, RunData] | None = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
 class RunDataError(errors.PublicError):
     """A run whose rnnmon data cannot be read (HTTP 422: the request was fine, the data is not; 500 is for bugs)."""
 
@@ -118,8 +128,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self._live: dict[tuple[str, str], _LiveRun] = {}  # running runs: decoded chunks, kept across versions
         self._lock = threading.Lock()
         self._local = LocalRuns.of(context.logdir)  # None: read through the data provider
-        self._descriptions: dict[tuple[str, str], tuple[Any, RunReader, RunData]] = {}  # local runs, for /runs
-        self._descriptions_lock = threading.Lock()
+        self._descriptions: dict[tuple[str, str], _Described] = {}  # local runs, for /runs
+        self._descriptions_lock = threading.Lock()  # held only to find or add a run's entry, never while reading
         self._plotly_gz: bytes | None = None
         self._thresholds = ThresholdsStore(context.logdir)
         self._read_ahead_runs, self._read_ahead_bytes = read_ahead_runs, read_ahead_bytes
@@ -372,17 +382,26 @@ class RnnmonPlugin(base_plugin.TBPlugin):
     def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], list[str], float, int]:
         """A local run's newest description, its errors (the description's, and damage to its files), its notes
         (event files that overlap), when its files last changed and their size; reads only the bytes written since
-        the last call and parses only records that name the description's tag."""
+        the last call and parses only records that name the description's tag.
+
+        Each run is read under its own lock, never under one shared by all runs: while another request reads
+        this run, its last description is used instead of waiting (waited for only when there is none yet)."""
         run_dir = self._run_dir(run)
         if run_dir is None:
             return {}, [], [], 0.0, 0
         version = LocalRuns.version(run_dir)
         with self._descriptions_lock:
-            known = self._descriptions.get((experiment, run))
-            if known is None or known[0] != version:
-                reader = known[1] if known else RunReader(run, tags=frozenset({schema.RUN_TAG}))
-                known = self._descriptions[(experiment, run)] = (version, reader, reader.update_from_files(run_dir))
-        data = known[2]
+            described = self._descriptions.get((experiment, run))
+            if described is None:
+                described = self._descriptions[(experiment, run)] = _Described(
+                    RunReader(run, tags=frozenset({schema.RUN_TAG})))
+        if described.lock.acquire(blocking=described.read is None):
+            try:
+                if described.read is None or described.read[0] != version:
+                    described.read = version, described.reader.update_from_files(run_dir)
+            finally:
+                described.lock.release()
+        version, data = described.read
         return (data.info, data.errors, data.notes, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0),
                 sum(size for _, size, _ in version))
 

@@ -49,14 +49,21 @@ class LocalRuns:
 
     @staticmethod
     def version(run_dir: str) -> tuple[tuple[str, int, int], ...]:
-        """(name, size, modification time in ns) of every event file in `run_dir`: equal while nothing was written."""
+        """(name, size, modification time in ns) of every event file in `run_dir`: equal while nothing was written.
+
+        Never opens a file (a FIFO named like an event file is only looked at); one that cannot be looked at (a
+        dangling link) counts with size and time 0, so that the others still tell when the run grows."""
         try:
             with os.scandir(run_dir) as entries:
                 found = []
                 for entry in entries:
                     if EVENT_FILE_MARK in entry.name:
-                        stat = entry.stat()
-                        found.append((entry.name, stat.st_size, stat.st_mtime_ns))
+                        try:
+                            stat = entry.stat()
+                        except OSError:
+                            found.append((entry.name, 0, 0))
+                        else:
+                            found.append((entry.name, stat.st_size, stat.st_mtime_ns))
         except OSError:
             return ()
         return tuple(sorted(found))

@@ -35,6 +35,7 @@ from rnnmon.alerts.thresholds_file import (
     load_thresholds_file,
     save_thresholds_file,
 )
+from rnnmon.format.eventfile import open_regular
 
 
 class NotWritableError(Exception):
@@ -80,8 +81,8 @@ class ThresholdsStore:
         """What a save must say it edits: a digest of the file's bytes, or "none" while there is no file."""
         if not self.local:
             return "none"
-        try:
-            with open(self.path, "rb") as file:  # only reached for a regular file (see `read`) or to compare
+        try:  # never blocks: a FIFO (or a link to a device) at the path is no file, so "none"
+            with os.fdopen(open_regular(self.path), "rb") as file:
                 return hashlib.sha256(file.read(MAX_FILE_BYTES + 1)).hexdigest()[:16]
         except OSError:
             return "none"
