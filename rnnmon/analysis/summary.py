@@ -55,7 +55,9 @@ def summarize(run: RunData) -> dict[str, Any]:
         "backend": run.info.get("backend"),
         "status": run.info.get("status", "unknown"),
         "fits": run.fits,
+        "trial": run.info.get("trial"),  # a KerasTuner trial's id, search and hyperparameters (rnnmon.analysis.trials)
         "steps": int(run.steps[:, _S["batches"]].sum()),
+        "epochs": _epochs(run.steps),
         "wall_s": round(wall, 3),
         "warmup_s": round(phase_s["warmup"], 3),
         "step_ms": _percentiles(per_batch_ms),
@@ -89,6 +91,14 @@ def summarize(run: RunData) -> dict[str, Any]:
     summary["findings"] = [f.to_dict() for f in rank_findings(recorded + dynamic)]
     summary["summary"] = summary_line(summary)
     return summary
+
+
+def _epochs(steps: np.ndarray) -> int:
+    """The epochs the steps ran in: a new one at each change of epoch and at each fit's first step."""
+    if not len(steps):
+        return 0
+    epoch, first = steps[:, _S["epoch"]], np.isnan(steps[:, _S["host_gap_ms"]])
+    return 1 + int(np.count_nonzero((epoch[1:] != epoch[:-1]) | first[1:]))
 
 
 def _is_finding(record: dict[str, Any]) -> bool:

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping
 
 LOG = logging.getLogger("rnnmon")
+_UNREADABLE_SAID: set[str] = set()  # TF_CONFIG values already called unreadable in this process
 
 
 def worker_name(environ: Mapping[str, str] | None = None) -> str | None:
@@ -31,7 +32,9 @@ def worker_name(environ: Mapping[str, str] | None = None) -> str | None:
             task = json.loads(spec).get("task") or {}
             kind, index = str(task.get("type", "worker")), int(task.get("index", 0))
         except (ValueError, TypeError, AttributeError) as error:
-            LOG.warning("rnnmon: TF_CONFIG is not readable (%s); writing as a single process.", error)
+            if spec not in _UNREADABLE_SAID:  # once per process: every monitor (a KerasTuner trial's) asks
+                _UNREADABLE_SAID.add(spec)
+                LOG.warning("rnnmon: TF_CONFIG is not readable (%s); writing as a single process.", error)
         else:
             return f"{kind}-{index}"
     jax = sys.modules.get("jax")
