@@ -334,12 +334,27 @@ def _defined_at(function: Any) -> str:
     function = inspect.unwrap(function) if callable(function) else function
     code = getattr(function, "__code__", None) or getattr(function, "gi_code", None)
     if code is not None:
-        return f" (defined at {os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+        return f" (defined at {_location(code.co_filename, code.co_firstlineno)})"
     try:
         _, line = inspect.getsourcelines(function)
-        return f" (defined at {os.path.basename(inspect.getsourcefile(function) or '?')}:{line})"
+        return f" (defined at {_location(inspect.getsourcefile(function) or '?', line)})"
     except (OSError, TypeError):
         return ""
+
+
+def _location(filename: str, line: int) -> str:
+    """`file.py:12`; for code from a Jupyter cell (compiled as `<digits>.py`), `Cell In[3], line 5`, as IPython's
+    tracebacks name it (its compiler maps the file name to the cell's execution count)."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        named = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:  # an IPython without format_code_name (before 8.0), or a shell unlike IPython's
+        named = None
+    if named:
+        label, name = named
+        return f"{label} {name}, line {line}"
+    return f"{os.path.basename(filename)}:{line}"
 
 
 def _generator_input(data: types.GeneratorType) -> Finding:
