@@ -26,7 +26,7 @@ from rnnmon.alerts.delivery import Alerting
 from rnnmon.alerts.prometheus import PrometheusExporter
 from rnnmon.alerts.rules import AlertEvent
 from rnnmon.alerts.thresholds import Thresholds
-from rnnmon.audit.pipeline import audit_pipeline
+from rnnmon.audit.pipeline import audit_pipeline, cache_stage
 from rnnmon.audit.placement import audit_placement
 from rnnmon.audit.preprocessing import audit_preprocessing
 from rnnmon.audit.rnn_layers import audit_rnn_layers
@@ -523,11 +523,21 @@ class UtilizationMonitor(keras.callbacks.Callback):
             "backend": keras.backend.backend(), "keras": keras.__version__, "host": socket.gethostname(),
             "pid": os.getpid(), "worker": self.worker, "trial": self._trial.to_dict() if self._trial else None,
             "steps_per_execution": self._per_execution,
-            "input_wait": self._input_timing, "idle_pct": self.idle_pct,
+            "input_wait": self._input_timing, "input_cache": self._input_cache(), "idle_pct": self.idle_pct,
             "gpus": sampler.describe() if sampler else [],
             "nvml": "available" if self._nvml.available else "unavailable",
             "thresholds": self._alerting.thresholds.to_dict(), "thresholds_source": self._alerting.source,
         }
+
+
+    def _input_cache(self) -> str | None:
+        """Where the fit's input caches, so its first epoch (filling the cache) is judged apart from the rest."""
+        fit = self._scope.call()
+        try:
+            return cache_stage(fit.x) if fit is not None else None
+        except Exception as error:  # reading the pipeline must never stop training
+            LOG.info("rnnmon: the input pipeline could not be read (%s: %s)", type(error).__name__, error)
+            return None
 
 
 def _require(ok: bool, name: str, value: Any, rule: str) -> None:
