@@ -118,6 +118,10 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     else:
         lines.append(f"  input wait     median {_ms(wait['median'])}, p90 {_ms(wait['p90'])}, "
                      f"{_pct(run['input_wait_fraction'])} of wall time")
+        if run.get("cache_fill"):
+            fill = run["cache_fill"]
+            lines.append(f"                 judged on the epochs after the first, which filled the cache at "
+                         f"{fill['stage']}: {fill['wait_s']:.2f} s of wait beyond the fetch floor")
     lines.append(f"  host gaps      {_pct(run['host_gap_fraction'])} of wall time")
     lines.append(f"  validation     {_pct(run['eval_fraction'])}, epoch ends {_pct(run['epoch_end_fraction'])}")
     if not run["gpus"]:

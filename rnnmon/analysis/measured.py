@@ -56,6 +56,9 @@ def summary_line(summary: dict[str, Any]) -> str:
     if gpus and min(g["util_mean"] for g in gpus) < LOW_UTIL_PCT:
         return ("The input keeps up, yet the GPU is busy only "
                 f"{min(g['util_mean'] for g in gpus):.0f}% of the time: each step gives it too little work.")
+    if _cache_fill(summary):
+        return (f"Once the first epoch had filled the cache (waiting {_pct(summary['cache_fill']['input_share'])} "
+                "of its step time for input), the steps kept the device busy: input and host overhead are small.")
     return "The steps keep the device busy: input and host overhead are small."
 
 
@@ -89,7 +92,7 @@ def _cache_fill(summary: dict[str, Any]) -> list[Finding]:
                f"({fill['wait_s']:.2f} s beyond the fetch floor): that was `.cache()` at {fill['stage']} being "
                "filled, every element going once through the stages before it. The epochs after it read from the "
                f"cache and waited {_pct(share)}: the pipeline keeps up once cached. Without the fill's wait this "
-               f"fit would take {speedup:.2f}x less training time.")
+               f"fit's training time would be up to {speedup:.2f}x shorter.")
     advice = ("Nothing to change for the epochs after the first. To fill the cache faster, give the stages before "
               "`.cache()` `num_parallel_calls=tf.data.AUTOTUNE`; to fill it once for many runs, cache to a file "
               "on a local disk: `.cache('/local/disk/file')`.")

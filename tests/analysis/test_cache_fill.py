@@ -16,7 +16,7 @@ _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
 @pytest.mark.usefixtures("no_nvml")
 def test_the_first_epoch_filling_the_cache_is_a_note_not_input_bound(tmp_path):
     data = stalled_dataset(12, 0.03).cache()  # a 30 ms Python stage before the cache: the first epoch only
-    tiny_model().fit(data, epochs=3, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path), audit=False)])
+    tiny_model().fit(data, epochs=3, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path))])
     run = read_run(str(tmp_path))
     assert run.info["input_cache"] == "input pipeline/CacheDataset[4]"
     steps = run.steps[~np.isnan(run.steps[:, _S["host_gap_ms"]])]
@@ -32,3 +32,6 @@ def test_the_first_epoch_filling_the_cache_is_a_note_not_input_bound(tmp_path):
     assert note["severity"] == "info" and note["where"] == "input pipeline/CacheDataset[4]"
     assert "The first epoch waited" in note["message"] and "`.cache()`" in note["message"]
     assert note["speedup"] > 1
+    assert summary["summary"].startswith("Once the first epoch had filled the cache")
+    stage = findings["PIPELINE_PY_FUNCTION"]  # it runs before the cache: it cost the first epoch only
+    assert stage["severity"] == "info" and "the first epoch, filling it, waited" in stage["message"]
