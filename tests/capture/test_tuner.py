@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 from conftest import TESTS, read_run, sequences, tiny_model
+from fake_nvml import FakeGpu, FakeNvmlLib, installed
 
 from rnnmon import UtilizationMonitor
 from rnnmon.report import build_report, render_text
@@ -85,3 +86,16 @@ def test_a_copy_is_a_fresh_monitor_with_the_same_settings(tmp_path):
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[twin])
     run = read_run(str(tmp_path))
     assert run.fits == 2 and len(run.steps) == 24 and run.info["status"] == "finished"
+
+
+def test_copies_sample_the_gpu_and_warn_about_a_device_once(tmp_path, rnnmon_warnings):
+    lib = FakeNvmlLib([FakeGpu(utilization=60.0)], unsupported={"nvmlDeviceGetPowerUsage"})
+    monitor = UtilizationMonitor(str(tmp_path), sample_interval_s=0.1, audit=False)
+    x, y = sequences(12)
+    with installed(lib):
+        for trial in (monitor, copy.deepcopy(monitor), copy.deepcopy(monitor)):  # as KerasTuner's trials
+            tiny_model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[trial])
+    warnings = rnnmon_warnings()
+    assert sum("power is unavailable on GPU 0" in w for w in warnings) == 1, warnings  # not once per copy
+    run = read_run(str(tmp_path))
+    assert run.fits == 3 and len(run.util[0]) >= 3
