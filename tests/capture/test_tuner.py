@@ -41,7 +41,7 @@ SEARCH = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # a search of four trials in a process of its own: 15 s
+@pytest.mark.slow  # a search of four trials in a process of its own: 15-20 s
 def test_search_writes_a_run_per_trial_and_the_report_compares_them(tmp_path):
     pytest.importorskip("keras_tuner")
     logdir = tmp_path / "logs"
