@@ -40,6 +40,9 @@ CODES: dict[str, Code] = {
     "INPUT_BOUND": Code("measured", "critical", "input pipeline",
                         "steps wait for the input pipeline, beyond the fetch floor, as long as the verdict's "
                         "input-bound share"),
+    "CACHE_FILL": Code("measured", "info", "input pipeline",
+                       "the first epoch waited for the input pipeline while it filled `.cache()`; the epochs after "
+                       "it are judged on their own"),
     "SMALL_STEP": Code("measured", "warning", "work per step",
                        "fetching a batch that is already there is a large part of the median step"),
     "HOST_BOUND": Code("measured", "warning", "host loop",

@@ -26,7 +26,7 @@ from rnnmon.alerts.delivery import Alerting
 from rnnmon.alerts.prometheus import PrometheusExporter
 from rnnmon.alerts.rules import AlertEvent
 from rnnmon.alerts.thresholds import Thresholds
-from rnnmon.audit.pipeline import audit_pipeline
+from rnnmon.audit.pipeline import audit_pipeline, cache_stage
 from rnnmon.audit.placement import audit_placement
 from rnnmon.audit.preprocessing import audit_preprocessing
 from rnnmon.audit.rnn_layers import audit_rnn_layers
@@ -43,6 +43,7 @@ from rnnmon.capture.input_timing import (
 from rnnmon.capture.profiling import ProfileCapture
 from rnnmon.capture.recorder import Recorder
 from rnnmon.capture.ticker import Ticker
+from rnnmon.capture.trials import Trial, tuner_trial
 from rnnmon.capture.workers import worker_name
 from rnnmon.findings import Finding, sort_findings
 from rnnmon.format import schema
@@ -112,7 +113,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
 
     In multi-worker training (`TF_CONFIG`, or JAX with several processes) each worker writes to its own run,
     `log_dir/worker-<index>/rnnmon` (`chief-0`, `ps-0`, ... by task type). A `TF_CONFIG` task that cannot name
-    such a folder (`../../x`) is refused with one ERROR; the process then records in `log_dir/rnnmon`.
+    such a folder (`../../x`) is refused with one ERROR; the process then records in `log_dir/rnnmon`. In a
+    KerasTuner search each trial writes to its own run, `log_dir/trial_<id>/rnnmon`: pass the monitor in
+    `tuner.search(..., callbacks=[...])`; KerasTuner gives each trial a copy (`copy.deepcopy`), a fresh monitor
+    with the same settings.
 
     Put it first in the callbacks list: callbacks after it then count as host gap, not as step time.
 
@@ -131,6 +135,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
                  watch_thresholds: bool = True, thresholds_root: str | None = None,
                  audit: bool = True, prometheus_port: int | None = None,
                  prometheus_addr: str = "127.0.0.1", prometheus_job: str = "rnnmon") -> None:
+        self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for copies
         super().__init__()
         _require(0.05 <= sample_interval_s <= 60, "sample_interval_s", sample_interval_s, "between 0.05 and 60")
         _require(0 < flush_secs <= 5, "flush_secs", flush_secs, "in (0, 5]")
@@ -143,7 +148,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
                  "prometheus_port", prometheus_port, "None or a port number in [0, 65535]")
         self.log_dir = log_dir
         self.worker = worker_name()
-        self.run_dir = os.path.join(log_dir, *([self.worker] if self.worker else []), schema.RUN_SUBDIR)
+        self.run_dir = self._run_dir(None)
         self.devices = devices
         self.sample_interval_s = sample_interval_s
         self.flush_secs = flush_secs
@@ -175,6 +180,27 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._finish_lock = threading.Lock()
         self._pid = os.getpid()
         self._scope = FitScope(None, 0)
+        self._trial: Trial | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> UtilizationMonitor:
+        """A fresh, unstarted monitor with this one's settings: KerasTuner copies the callbacks for each trial.
+
+        The copy shares what must stay one per process or per user: the `on_alert` hook (not a copy of its
+        object), the Prometheus endpoint, and the memory of findings and device warnings already logged, so a
+        search logs each of them once, not once per trial.
+        """
+        twin = type(self)(**{**self._arguments, "prometheus_port": None})
+        twin._exporter, twin.prometheus_port = self._exporter, self.prometheus_port
+        twin._arguments = self._arguments
+        twin._logged_findings = self._logged_findings
+        twin._nvml = self._nvml.fresh()
+        memo[id(self)] = twin
+        return twin
+
+    def _run_dir(self, trial: Trial | None) -> str:
+        """`log_dir[/trial_<id>][/<worker>]/rnnmon`: the run a fit writes to."""
+        parts = [*([trial.folder] if trial else []), *([self.worker] if self.worker else [])]
+        return os.path.join(self.log_dir, *parts, schema.RUN_SUBDIR)
 
     # --- fit lifecycle ---------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -187,6 +213,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         for stale in [m for m in _RUNNING if m is self or m.model is self.model]:
             stale._finish("aborted")  # its fit raised before on_train_end
         self._scope = scope
+        fit = scope.call()
+        self._trial = tuner_trial(fit.callbacks.callbacks) if fit is not None else None
+        self.run_dir = self._run_dir(self._trial)
         try:
             self._start()
         except Exception as error:  # e.g. an unwritable log_dir: train anyway, unmonitored
@@ -494,12 +523,23 @@ class UtilizationMonitor(keras.callbacks.Callback):
         return {
             "version": schema.FORMAT_VERSION, "status": "running", "start": time.time(), "end": None,
             "backend": keras.backend.backend(), "keras": keras.__version__, "host": socket.gethostname(),
-            "pid": os.getpid(), "worker": self.worker, "steps_per_execution": self._per_execution,
-            "input_wait": self._input_timing, "idle_pct": self.idle_pct,
+            "pid": os.getpid(), "worker": self.worker, "trial": self._trial.to_dict() if self._trial else None,
+            "steps_per_execution": self._per_execution,
+            "input_wait": self._input_timing, "input_cache": self._input_cache(), "idle_pct": self.idle_pct,
             "gpus": sampler.describe() if sampler else [],
             "nvml": "available" if self._nvml.available else "unavailable",
             "thresholds": self._alerting.thresholds.to_dict(), "thresholds_source": self._alerting.source,
         }
+
+
+    def _input_cache(self) -> str | None:
+        """Where the fit's input caches, so its first epoch (filling the cache) is judged apart from the rest."""
+        fit = self._scope.call()
+        try:
+            return cache_stage(fit.x) if fit is not None else None
+        except Exception as error:  # reading the pipeline must never stop training
+            LOG.info("rnnmon: the input pipeline could not be read (%s: %s)", type(error).__name__, error)
+            return None
 
 
 def _require(ok: bool, name: str, value: Any, rule: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from rnnmon.analysis.stragglers import compare_workers
 from rnnmon.analysis.summary import gap_list, summarize
+from rnnmon.analysis.trials import compare_trials
 from rnnmon.analysis.verdict import label
 from rnnmon.format.reader import read_logdir
 
@@ -23,9 +24,11 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u206
 
 
 def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
-    """{"runs": [summary, ...], "comparison", "workers"} for every rnnmon run under `logdir`, sorted by run name.
+    """{"runs": [summary, ...], "comparison", "workers", "trials"} for every rnnmon run under `logdir`, sorted by
+    run name.
 
-    `workers` compares the workers of each multi-worker job (runs `[job/]worker-<index>/rnnmon`).
+    `workers` compares the workers of each multi-worker job (runs `[job/]worker-<index>/rnnmon`), `trials` the
+    trials of each KerasTuner search (runs `trial_<id>/rnnmon`, see rnnmon.analysis.trials).
 
     A summary lists the longest idle gaps; with `all_gaps` its `idle_gaps` holds every gap, in time order.
     """
@@ -39,7 +42,8 @@ def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
             gaps = runs[name].gaps
             summary["idle_gaps"] = gap_list(gaps[gaps[:, 1].argsort(kind="stable")])
         summaries.append(summary)
-    return {"runs": summaries, "comparison": compare(summaries), "workers": compare_workers(summaries)}
+    return {"runs": summaries, "comparison": compare(summaries), "workers": compare_workers(summaries),
+            "trials": compare_trials(summaries)}
 
 
 def compare(summaries: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -64,7 +68,25 @@ def render_text(report: dict[str, Any], all_gaps: bool = False) -> str:
                  f"step than {_clean(comparison['slowest'])}.")
     for group in report.get("workers", []):
         text += "\n\n" + _render_workers(group)
+    for group in report.get("trials", []):
+        text += "\n\n" + _render_trials(group)
     return text
+
+
+def _render_trials(group: dict[str, Any]) -> str:
+    lines = [f"Trials of search {group['search'] or '?'} ({len(group['trials'])})",
+             "  trial     time/epoch   median step   input wait   verdict          hyperparameters"]
+    for row in group["trials"]:
+        epoch = "n/a" if row["epoch_s"] is None else f"{row['epoch_s']:.2f} s"
+        values = ", ".join(f"{name}={value}" for name, value in row["hyperparameters"].items())
+        lines.append(f"  {row['trial']:<8}{epoch:>12}  {_ms(row['step_ms']):>12}  {_pct(row['input_share']):>11}   "
+                     f"{row['verdict']:<16} {values}")
+    bound = group["input_bound"]
+    lines.append(f"  input-bound: {', '.join(f'trial {t}' for t in bound)}" if bound else "  input-bound: none")
+    if group["speedup"] is not None:
+        lines.append(f"  fastest: trial {group['fastest']}, {group['speedup']:.2f}x less time per epoch than trial "
+                     f"{group['slowest']}, the slowest")
+    return "\n".join(_clean(line) for line in lines)
 
 
 def _render_workers(group: dict[str, Any]) -> str:
@@ -96,6 +118,10 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     else:
         lines.append(f"  input wait     median {_ms(wait['median'])}, p90 {_ms(wait['p90'])}, "
                      f"{_pct(run['input_wait_fraction'])} of wall time")
+        if run.get("cache_fill"):
+            fill = run["cache_fill"]
+            lines.append(f"                 judged on the epochs after the first, which filled the cache at "
+                         f"{fill['stage']}: {fill['wait_s']:.2f} s of wait beyond the fetch floor")
     lines.append(f"  host gaps      {_pct(run['host_gap_fraction'])} of wall time")
     lines.append(f"  validation     {_pct(run['eval_fraction'])}, epoch ends {_pct(run['epoch_end_fraction'])}")
     if not run["gpus"]:

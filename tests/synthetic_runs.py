@@ -24,11 +24,12 @@ STEP_S, WAIT_S, SAMPLE_S = 0.020, 0.006, 1 / 6
 
 def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: int = 1, status: str = "finished",
                   dip_at: int | None = None, samples_per_chunk: int = 12, start: float | None = None,
-                  wait_s: float = WAIT_S) -> None:
+                  wait_s: float = WAIT_S, info: dict | None = None) -> None:
     """A run on `gpus` fake GPUs: each chunk holds steps, utilization samples, SM activity and an idle gap.
 
     `dip_at`: index of the single utilization sample (GPU 0) that reads 0%; all others read 60-95%.
     `wait_s`: the median input wait of a step (of a 20 ms step).
+    `info`: more fields of the run description (e.g. a KerasTuner `trial`).
     """
     writer = SummaryWriter(run_dir)
     t = time.time() - chunks * 2.0 if start is None else start
@@ -60,7 +61,7 @@ def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: 
     writer.table(schema.PHASES_TAG, [(schema.PHASE_KINDS.index("warmup"), t - 0.5, t),
                                      (schema.PHASE_KINDS.index("eval"), t + chunk_s, t + 1.5 * chunk_s)])
     writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": status, "start": t,
-                                 "backend": "tensorflow", "input_wait": "measured", "idle_pct": 5.0})
+                                 "backend": "tensorflow", "input_wait": "measured", "idle_pct": 5.0, **(info or {})})
     writer.close()
 
 

@@ -1,4 +1,5 @@
-"""Findings from what a run measured: input-bound, host-bound, too little work per step, idle validation.
+"""Findings from what a run measured: input-bound, a cache filling, host-bound, too little work per step, idle
+validation.
 
 INPUT_BOUND and HOST_BOUND use the verdict's thresholds (rnnmon.analysis.verdict), so a finding never
 contradicts the verdict. The input share counts only the wait beyond the fetch floor (what fetching a ready
@@ -35,7 +36,8 @@ def measured_findings(summary: dict[str, Any]) -> list[Finding]:
     """Dynamic findings for one run's summary (see rnnmon.analysis.summary.summarize)."""
     if summary["verdict"] == "insufficient-data":
         return []
-    return _input(summary) + _small_step(summary) + _host(summary) + _low_work(summary) + _eval_idle(summary)
+    return (_input(summary) + _cache_fill(summary) + _small_step(summary) + _host(summary) + _low_work(summary)
+            + _eval_idle(summary))
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -54,6 +56,9 @@ def summary_line(summary: dict[str, Any]) -> str:
     if gpus and min(g["util_mean"] for g in gpus) < LOW_UTIL_PCT:
         return ("The input keeps up, yet the GPU is busy only "
                 f"{min(g['util_mean'] for g in gpus):.0f}% of the time: each step gives it too little work.")
+    if _cache_fill(summary):
+        return (f"Once the first epoch had filled the cache (waiting {_pct(summary['cache_fill']['input_share'])} "
+                "of its step time for input), the steps kept the device busy: input and host overhead are small.")
     return "The steps keep the device busy: input and host overhead are small."
 
 
@@ -64,11 +69,34 @@ def _input(summary: dict[str, Any]) -> list[Finding]:
     wait, step, floor = summary["input_wait_ms"], summary["step_ms"], summary.get("fetch_floor_ms")
     beyond = f"beyond the {floor:.2f} ms any fetch costs, " if floor else ""
     speedup = summary.get("input_speedup") or amdahl(share)
-    message = (f"Waiting for the input pipeline ({beyond}longest waits left out) is {_pct(share)} of step time: "
-               f"a step waits a median {wait['median']:.2f} ms (p90 {wait['p90']:.2f} ms) for its batch out of a "
-               f"median {step['median']:.2f} ms step. Fixing input wait: up to {speedup:.1f}x shorter steps "
+    fill, cache = summary.get("cache_fill"), summary.get("input_cache")
+    judged = f"In the epochs after the first (which filled the cache at {cache}), w" if fill else "W"
+    message = (f"{judged}aiting for the input pipeline ({beyond}longest waits left out) is {_pct(share)} of step "
+               f"time: a step waits a median {wait['median']:.2f} ms (p90 {wait['p90']:.2f} ms) for its batch out "
+               f"of a median {step['median']:.2f} ms step. Fixing input wait: up to {speedup:.1f}x shorter steps "
                "(the median step less its wait; more where the pipeline's threads also slowed the compute).")
+    if cache and not fill:
+        message += (f" The pipeline caches ({cache}) and each fit ran one epoch, the one that fills the cache: "
+                    "epochs after it would read from the cache.")
     return [Finding.of("INPUT_BOUND", "input pipeline", message, _INPUT_ADVICE, speedup)]
+
+
+def _cache_fill(summary: dict[str, Any]) -> list[Finding]:
+    """The first epoch waited while it filled the cache, and the epochs after it did not."""
+    fill, share = summary.get("cache_fill"), summary.get("shares", {}).get("input")
+    if not fill or fill["input_share"] is None or fill["input_share"] < INPUT_BOUND_SHARE or share is None \
+            or share >= INPUT_BOUND_SHARE or not summary["wall_s"]:
+        return []
+    speedup = amdahl(fill["wait_s"] / summary["wall_s"])
+    message = (f"The first epoch waited for the input pipeline {_pct(fill['input_share'])} of its step time "
+               f"({fill['wait_s']:.2f} s beyond the fetch floor): that was `.cache()` at {fill['stage']} being "
+               "filled, every element going once through the stages before it. The epochs after it read from the "
+               f"cache and waited {_pct(share)}: the pipeline keeps up once cached. Without the fill's wait this "
+               f"fit's training time would be up to {speedup:.2f}x shorter.")
+    advice = ("Nothing to change for the epochs after the first. To fill the cache faster, give the stages before "
+              "`.cache()` `num_parallel_calls=tf.data.AUTOTUNE`; to fill it once for many runs, cache to a file "
+              "on a local disk: `.cache('/local/disk/file')`.")
+    return [Finding.of("CACHE_FILL", fill["stage"], message, advice, speedup)]
 
 
 def _small_step(summary: dict[str, Any]) -> list[Finding]:

@@ -4,6 +4,10 @@ Fractions are of training wall time: step time + host gaps + evaluation and epoc
 first step (tracing, iterator creation) is its warm-up: counted in `steps`, reported as `warmup_s`, left out
 of everything else. The verdict (rnnmon.analysis.verdict) uses shares of step time (step + host gap).
 
+Where the input pipeline caches (`input_cache`), the first epoch of each fit fills the cache and waits for what
+comes before it; with later epochs to judge, the input share, its speed-up and the verdict are theirs, and the
+first epochs' wait is reported apart (`cache_fill`).
+
 Example:
     >>> summary = summarize(runs["exp1/rnnmon"])
     >>> summary["verdict"], summary["input_wait_fraction"]
@@ -48,14 +52,20 @@ def summarize(run: RunData) -> dict[str, Any]:
     measured = bool(len(wait)) and not np.isnan(wait).all()
     floor_s = float(run.info.get("fetch_floor_ms") or math.nan) / 1e3
     per_batch_ms = 1e3 * duration / np.maximum(batches, 1)
+    cache = run.info.get("input_cache")  # where the pipeline caches: its first epoch fills the cache
+    filling = _first_epochs(run.steps)[kept] if cache else np.zeros(len(duration), dtype=bool)
+    split = measured and bool(filling.any()) and not filling.all()  # then the input is judged on the epochs after
     if measured:  # the wait beyond the fetch floor, against each step with the gap before it
         beyond_floor_s, step_with_gap_s = pipeline_wait_s(wait, batches, floor_s), duration + gap
+        judged = ~filling if split else np.ones(len(duration), dtype=bool)
     summary: dict[str, Any] = {
         "run": run.run,
         "backend": run.info.get("backend"),
         "status": run.info.get("status", "unknown"),
         "fits": run.fits,
+        "trial": run.info.get("trial"),  # a KerasTuner trial's id, search and hyperparameters (rnnmon.analysis.trials)
         "steps": int(run.steps[:, _S["batches"]].sum()),
+        "epochs": _epochs(run.steps),
         "wall_s": round(wall, 3),
         "warmup_s": round(phase_s["warmup"], 3),
         "step_ms": _percentiles(per_batch_ms),
@@ -74,10 +84,13 @@ def summarize(run: RunData) -> dict[str, Any]:
         "fetch_floor_ms": run.info.get("fetch_floor_ms"),
         "callback_ms_per_step": {name: round(1e3 * float(seconds) / max(len(run.steps), 1), 4)
                                  for name, seconds in (run.info.get("callback_hooks_s") or {}).items()},
-        "shares": {"input": robust_share(beyond_floor_s, step_with_gap_s) if measured else None,
+        "shares": {"input": robust_share(beyond_floor_s[judged], step_with_gap_s[judged]) if measured else None,
                    "host": _ratio(gap.sum(), step_total)},
-        "input_speedup": median_speedup(beyond_floor_s, step_with_gap_s) if measured
+        "input_speedup": median_speedup(beyond_floor_s[judged], step_with_gap_s[judged]) if measured
         else None,  # the median step over the median step less its wait beyond the fetch floor
+        "input_cache": cache,
+        "cache_fill": _cache_fill(cache, beyond_floor_s[filling], step_with_gap_s[filling]) if split
+        else None,  # the first epoch of each fit, judged apart: it filled the cache
         "alerts": merge_alerts(run.alerts),
         "errors": run.errors,
         "notes": run.notes,
@@ -90,6 +103,28 @@ def summarize(run: RunData) -> dict[str, Any]:
     summary["findings"] = [f.to_dict() for f in rank_findings(recorded + dynamic)]
     summary["summary"] = summary_line(summary)
     return summary
+
+
+def _cache_fill(stage: str, wait_s: np.ndarray, step_s: np.ndarray) -> dict[str, Any]:
+    """The steps that filled the cache at `stage`: how many, their wait beyond the fetch floor, its share."""
+    return {"stage": stage, "steps": len(wait_s), "wait_s": round(float(wait_s.sum()), 3),
+            "input_share": robust_share(wait_s, step_s)}
+
+
+def _first_epochs(steps: np.ndarray) -> np.ndarray:
+    """A mask of the steps in the first epoch of their fit (a fit starts at a step without a host gap)."""
+    starts = np.isnan(steps[:, _S["host_gap_ms"]])
+    starts[:1] = True
+    fit = np.cumsum(starts) - 1
+    return steps[:, _S["epoch"]] == steps[starts, _S["epoch"]][fit]
+
+
+def _epochs(steps: np.ndarray) -> int:
+    """The epochs the steps ran in: a new one at each change of epoch and at each fit's first step."""
+    if not len(steps):
+        return 0
+    epoch, first = steps[:, _S["epoch"]], np.isnan(steps[:, _S["host_gap_ms"]])
+    return 1 + int(np.count_nonzero((epoch[1:] != epoch[:-1]) | first[1:]))
 
 
 def _is_finding(record: dict[str, Any]) -> bool:

@@ -135,17 +135,7 @@ class _Pipeline:
 
     @classmethod
     def of(cls, dataset: Any) -> _Pipeline:
-        upstream: dict[int, frozenset[int]] = {}
-        order: list[Any] = []
-
-        def visit(node: Any) -> frozenset[int]:
-            if id(node) not in upstream:
-                inputs = node._inputs()
-                upstream[id(node)] = frozenset().union(*(visit(i) | {id(i)} for i in inputs))
-                order.append(node)
-            return upstream[id(node)]
-
-        visit(dataset)
+        order, upstream = _walk(dataset)
         stages = [_Stage.of(node, position, upstream[id(node)]) for position, node in enumerate(order, 1)]
         return cls(stages, dataset.options())
 
@@ -184,6 +174,35 @@ class _Pipeline:
             return False
         source = type(stage.dataset._inputs()[0]).__name__.lstrip("_")
         return source in ("MapDataset", "ParallelMapDataset")  # fused into a MapAndBatchDataset
+
+
+def _walk(dataset: Any) -> tuple[list[Any], dict[int, frozenset[int]]]:
+    """Every dataset `dataset` reads from, itself last, each after its inputs; and the id()s upstream of each."""
+    upstream: dict[int, frozenset[int]] = {}
+    order: list[Any] = []
+
+    def visit(node: Any) -> frozenset[int]:
+        if id(node) not in upstream:
+            inputs = node._inputs()
+            upstream[id(node)] = frozenset().union(*(visit(i) | {id(i)} for i in inputs))
+            order.append(node)
+        return upstream[id(node)]
+
+    visit(dataset)
+    return order, upstream
+
+
+def cache_stage(data: Any) -> str | None:
+    """Where the training input `data` caches (`input pipeline/CacheDataset[4]`, the nearest the output), or None.
+
+    Only the datasets are walked, not the functions they run: cheap enough for every fit, audit or not.
+    """
+    dataset = _tf_dataset(data)
+    if dataset is None:
+        return None
+    order, _ = _walk(dataset)
+    cached = [position for position, node in enumerate(order, 1) if type(node).__name__.lstrip("_") == "CacheDataset"]
+    return f"{WHERE}/CacheDataset[{cached[-1]}]" if cached else None
 
 
 def _prefetch(pipeline: _Pipeline) -> list[Finding]:
@@ -334,12 +353,27 @@ def _defined_at(function: Any) -> str:
     function = inspect.unwrap(function) if callable(function) else function
     code = getattr(function, "__code__", None) or getattr(function, "gi_code", None)
     if code is not None:
-        return f" (defined at {os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+        return f" (defined at {_location(code.co_filename, code.co_firstlineno)})"
     try:
         _, line = inspect.getsourcelines(function)
-        return f" (defined at {os.path.basename(inspect.getsourcefile(function) or '?')}:{line})"
+        return f" (defined at {_location(inspect.getsourcefile(function) or '?', line)})"
     except (OSError, TypeError):
         return ""
+
+
+def _location(filename: str, line: int) -> str:
+    """`file.py:12`; for code from a Jupyter cell (compiled as `<digits>.py`), `Cell In[3], line 5`, as IPython's
+    tracebacks name it (its compiler maps the file name to the cell's execution count)."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        named = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:  # an IPython without format_code_name (before 8.0), or a shell unlike IPython's
+        named = None
+    if named:
+        label, name = named
+        return f"{label} {name}, line {line}"
+    return f"{os.path.basename(filename)}:{line}"
 
 
 def _generator_input(data: types.GeneratorType) -> Finding:

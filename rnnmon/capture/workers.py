@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from rnnmon.format.schema import TASK_TYPES, WORKER_DIR
 
 LOG = logging.getLogger("rnnmon")
+_UNREADABLE_SAID: set[str] = set()  # TF_CONFIG values already called unreadable in this process
 
 
 def worker_name(environ: Mapping[str, str] | None = None) -> str | None:
@@ -38,7 +39,9 @@ def worker_name(environ: Mapping[str, str] | None = None) -> str | None:
             task = json.loads(spec).get("task") or {}
             kind, index = task.get("type", "worker"), task.get("index", 0)
         except (ValueError, TypeError, AttributeError, RecursionError) as error:
-            LOG.warning("rnnmon: TF_CONFIG is not readable (%s); writing as a single process.", error)
+            if spec not in _UNREADABLE_SAID:  # once per process: every monitor (a KerasTuner trial's) asks
+                _UNREADABLE_SAID.add(spec)
+                LOG.warning("rnnmon: TF_CONFIG is not readable (%s); writing as a single process.", error)
         else:
             if isinstance(index, str) and index.isascii() and index.isdigit():
                 index = int(index)

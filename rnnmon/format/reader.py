@@ -588,7 +588,8 @@ def _is_number(value: Any) -> bool:
 
 _DESCRIPTION_TYPES: dict[str, tuple[type, ...]] = {
     "status": (str,), "backend": (str,), "keras": (str,), "host": (str,), "input_wait": (str,), "nvml": (str,),
-    "gpus": (list,), "worker": (str,), "thresholds": (dict,)}
+    "gpus": (list,), "worker": (str,), "thresholds": (dict,), "trial": (dict,),
+    "input_cache": (str,)}
 
 
 def _check_description(doc: dict[str, Any]) -> None:

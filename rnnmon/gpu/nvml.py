@@ -3,7 +3,8 @@
 Failures never raise. An unsupported or missing function, or a lost GPU, becomes `None` (recorded as NA,
 never as 0) and is logged once. A call that does not answer within `deadline_s` is abandoned on its own
 thread with one warning, and that metric is NA from then on: a hung driver call never stalls polling.
-Without the NVML library rnnmon announces CPU-only mode in one log line.
+Without the NVML library rnnmon announces CPU-only mode in one log line per process (NVML cannot appear later in
+it): a notebook's many monitors, or a KerasTuner search's trials, say it once.
 
 Example:
     >>> nvml = Nvml()
@@ -30,6 +31,8 @@ NOT_FOUND = 6
 FUNCTION_NOT_FOUND = 13
 _GPU_LOST_CODES = frozenset({15, 16})  # NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED
 DEFAULT_DEADLINE_S = 2.0  # NVML calls take µs to ~20 ms (PCIe throughput); seconds means the driver hangs
+_cpu_only_said: str | None = None  # the reason this process last announced CPU-only mode for
+_CPU_ONLY_LOCK = threading.Lock()
 
 
 class _Call:
@@ -77,10 +80,16 @@ class Nvml:
         self._caller_lock = threading.Lock()
         self._caller: _Caller | None = None
         self.deadline_s = deadline_s
-        self._warned: set[tuple[str, int | None]] = set()
-        self._cpu_only_reason: str | None = None
+        self._warned: set[tuple[str, int | None]] = set()  # shared with `fresh()` sessions
         self._hung: set[tuple[str, int | None]] = set()
         self.lost: set[int] = set()  # device indices that answered GPU_IS_LOST
+
+    def fresh(self) -> Nvml:
+        """A new, unstarted session that shares this one's memory of the failures it warned about (a monitor's
+        copies, one per KerasTuner trial, warn about a device once)."""
+        twin = Nvml(self.deadline_s)
+        twin._warned = self._warned
+        return twin
 
     @property
     def available(self) -> bool:
@@ -102,13 +111,12 @@ class Nvml:
                 self._say_cpu_only(f"NVML is unavailable ({_describe(error)})")
                 return False
             self._pynvml = pynvml
-            self._cpu_only_reason = None
+            _said_cpu_only(None)
             return True
 
     def _say_cpu_only(self, reason: str) -> None:
-        """One log line per reason: a monitor reused over many fits says it once, and again if it changes."""
-        if reason != self._cpu_only_reason:
-            self._cpu_only_reason = reason
+        """One log line per process and reason: said again only if the reason changes, or NVML started between."""
+        if _said_cpu_only(reason) != reason:
             LOG.warning("rnnmon: %s; CPU-only mode: step timing works, GPU metrics are off.", reason)
 
     def shutdown(self) -> None:
@@ -185,6 +193,14 @@ class Nvml:
         where = "" if device is None else f" on GPU {device}"
         LOG.warning("rnnmon: %s is unavailable%s (%s: %s); it is recorded as NA.",
                     label, where, function, _describe(error))
+
+
+def _said_cpu_only(reason: str | None) -> str | None:
+    """Record `reason` (None: NVML started) as this process's CPU-only announcement; the one before it."""
+    global _cpu_only_said
+    with _CPU_ONLY_LOCK:
+        before, _cpu_only_said = _cpu_only_said, reason
+    return before
 
 
 def _describe(error: Exception) -> str:

@@ -168,6 +168,15 @@ def test_a_hostile_tf_config_task_type_writes_nothing_outside_the_log_dir(tmp_pa
     assert len(refused) == 3, child.stderr[-3000:]
 
 
+def test_an_unreadable_tf_config_is_reported_once_per_process(tmp_path, rnnmon_warnings, monkeypatch):
+    from rnnmon import UtilizationMonitor
+
+    monkeypatch.setenv("TF_CONFIG", f"{{not json, {tmp_path}")  # a value no other test used
+    monitors = [UtilizationMonitor(str(tmp_path)) for _ in range(3)]  # as a KerasTuner search's copies
+    assert [m.worker for m in monitors] == [None] * 3
+    assert sum("TF_CONFIG is not readable" in w for w in rnnmon_warnings()) == 1
+
+
 @pytest.mark.slow
 def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
     from conftest import stalled_dataset, tiny_model

@@ -101,9 +101,11 @@ def test_nvml_failures_leave_na_and_one_warning(tmp_path, failure, rnnmon_warnin
 def test_missing_library_means_cpu_only_mode(tmp_path, rnnmon_warnings, no_nvml):
     tiny_model().fit(stalled_dataset(30, 0.02), epochs=1, verbose=0,
                      callbacks=[UtilizationMonitor(str(tmp_path), audit=False)])
-    warnings = rnnmon_warnings()
-    assert len(warnings) == 1 and "CPU-only" in warnings[0]
-    summary = summarize(read_run(str(tmp_path)))
+    warnings = rnnmon_warnings()  # CPU-only mode is announced once per process: here, or by an earlier test
+    assert len(warnings) <= 1 and all("CPU-only" in w for w in warnings), warnings
+    run = read_run(str(tmp_path))
+    assert run.info["nvml"] == "unavailable"
+    summary = summarize(run)
     assert summary["gpus"] == [] and summary["steps"] == 30
     assert all(g["device"] is None for g in summary["idle_gaps"])
 

@@ -217,6 +217,16 @@ def test_workers_lists_the_workers_it_leaves_out_with_the_reason(tmp_path):
     assert get(plugin_client(str(tmp_path)), "workers", run="job/worker-1/rnnmon")[1]["left_out"]  # from any worker
 
 
+def test_trials_of_a_search_are_listed_by_trial_with_their_hyperparameters(tmp_path):
+    for trial_id, units in (("0", 8), ("1", 32)):
+        trial = {"id": trial_id, "search": "lstm", "hyperparameters": {"units": units}}
+        write_gpu_run(str(tmp_path / f"trial_{trial_id}" / "rnnmon"), 3, info={"trial": trial})
+    client = plugin_client(str(tmp_path))
+    assert [run["name"] for run in get(client, "runs")[1]["runs"]] == ["trial_0", "trial_1"]
+    status, summary = get(client, "summary", run="trial_1/rnnmon")
+    assert status == 200 and summary["trial"] == {"id": "1", "search": "lstm", "hyperparameters": {"units": 32}}
+
+
 def test_running_run_is_live_then_stalled(tmp_path):
     write_gpu_run(str(tmp_path / "now" / "rnnmon"), 3, status="running")
     multiplexer = plugin_event_multiplexer.EventMultiplexer()
