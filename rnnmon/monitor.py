@@ -33,7 +33,7 @@ from rnnmon.audit.rnn_layers import audit_rnn_layers
 from rnnmon.capture.callback_timing import CallbackTiming
 from rnnmon.capture.exits import ExitGuard
 from rnnmon.capture.fetch_floor import fetch_floor_s
-from rnnmon.capture.fit_scope import FitScope
+from rnnmon.capture.fit_scope import FitScope, HookGuard
 from rnnmon.capture.input_timing import (
     EpochIteratorTiming,
     unwrap_train_function,
@@ -211,6 +211,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._model_audit_pending = False
         fit = self._scope.call()
         self._callback_timing = CallbackTiming(fit.callbacks.callbacks, skip=self) if fit is not None else None
+        self._hook_guard: HookGuard | None = None
+        self._fit_steps = 0  # step records of this fit: what its callback hook times are per
         self._open_phase: tuple[str, float] | None = None
         self._fit_begin = self._clock()
         self._warming_up = True
@@ -244,6 +246,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._findings: list[Finding] = []
         if self.audit:
             self._audit_setup()
+        if fit is not None:  # a later callback that raises ends monitoring in its own call
+            self._hook_guard = HookGuard(fit.callbacks, self._on_error)
         self._active = True
         _RUNNING.add(self)
         self._final_status = "finished"
@@ -281,6 +285,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._recorder.add_phase("warmup", self._fit_begin, end)
             gap = NA
         self._recorder.add_step((self._global_step, self._epoch, self._begin, end, self._wait, gap, batches))
+        self._fit_steps += 1
         if self._model_audit_pending:
             self._model_audit_pending = False
             self._report_findings(self._audit_model())
@@ -367,6 +372,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             unwrap_train_function(self.model)
         if self._callback_timing is not None:
             self._callback_timing.remove()
+        if self._hook_guard is not None:
+            self._hook_guard.remove()
         self._final_status = status
         self._poller.stop(timeout_s=0)
         self._flusher.stop(timeout_s=0)  # its thread writes the end (`_write_final`)
@@ -392,7 +399,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._run_info.update(status=self._final_status, end=time.time(), steps=self._global_step)
             if self._callback_timing is not None:
                 self._run_info.update(callback_hooks_s={name: round(seconds, 6) for name, seconds
-                                                        in self._callback_timing.totals_s().items()})
+                                                        in self._callback_timing.totals_s().items()},
+                                      callback_steps=self._fit_steps)
             self._writer.json(schema.RUN_TAG, self._run_info)
             written = self._writer.flush()
         finally:

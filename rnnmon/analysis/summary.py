@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rnnmon.analysis.callback_time import callback_ms_per_step
 from rnnmon.analysis.imbalance import device_imbalance
 from rnnmon.analysis.input_share import median_speedup, pipeline_wait_s, robust_share
 from rnnmon.analysis.measured import measured_findings, summary_line
@@ -72,8 +73,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "idle_gaps_by_cause": _gap_counts_by_cause(run.gaps),
         "idle_gap_histogram": _gap_histogram(run.gaps),
         "fetch_floor_ms": run.info.get("fetch_floor_ms"),
-        "callback_ms_per_step": {name: round(1e3 * float(seconds) / max(len(run.steps), 1), 4)
-                                 for name, seconds in (run.info.get("callback_hooks_s") or {}).items()},
+        "callback_ms_per_step": callback_ms_per_step(run),
         "shares": {"input": robust_share(beyond_floor_s, step_with_gap_s) if measured else None,
                    "host": _ratio(gap.sum(), step_total)},
         "input_speedup": median_speedup(beyond_floor_s, step_with_gap_s) if measured
