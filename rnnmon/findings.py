@@ -52,6 +52,9 @@ CODES: dict[str, Code] = {
                              "one GPU of a process idles far more than the others, waiting for them"),
     "STRAGGLER": Code("measured", "warning", "multi-device",
                       "one worker of a multi-worker job holds the others back at every step"),
+    "DISTRIBUTED_SPLIT": Code("measured", "warning", "multi-device",
+                              "a tf.distribute iterator's own cost of splitting each ready batch across the "
+                              "replicas is a large part of the median step"),
     "RNN_NO_FAST_KERNEL": Code("static", "warning", "rnn kernel",
                                "an LSTM/GRU setting keeps the layer off the backend's fused (cuDNN) kernel"),
     "RNN_MASK_RIGHT_PADDING": Code("static", "info", "rnn kernel",

@@ -32,7 +32,7 @@ from rnnmon.audit.preprocessing import audit_preprocessing
 from rnnmon.audit.rnn_layers import audit_rnn_layers
 from rnnmon.capture.callback_timing import CallbackTiming
 from rnnmon.capture.exits import ExitGuard
-from rnnmon.capture.fetch_floor import fetch_floor_s
+from rnnmon.capture.fetch_floor import fetch_floors
 from rnnmon.capture.fit_scope import FitScope, HookGuard
 from rnnmon.capture.input_timing import (
     EpochIteratorTiming,
@@ -297,7 +297,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if self._active:
             now = self._clock()
             if self._open_phase is None:  # validation starts right after the epoch's last step
-                self._open_phase = ("epoch_end", self._last_end)
+                # Before the fit's first validation Keras builds its data iterator (distributes it, under a
+                # strategy) and its test function: warm-up, as the first step is.
+                self._open_phase = ("warmup" if self._eval_warming_up else "epoch_end", self._last_end)
             self._close_phase(now)
             self._open_phase = ("warmup" if self._eval_warming_up else "eval", now)
 
@@ -443,10 +445,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
             wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live, self._on_first_batch)
         return "measured"
 
-    def _on_first_batch(self, batch: Any) -> None:
-        floor_s = fetch_floor_s(batch)
-        if not math.isnan(floor_s):
-            self._run_info.update(fetch_floor_ms=round(floor_s * 1e3, 4))
+    def _on_first_batch(self, batch: Any, iterator: Any) -> None:
+        floors = fetch_floors(batch, iterator)
+        if floors:
+            self._run_info.update(floors)
             self._writer.json(schema.RUN_TAG, self._run_info)
 
     def _on_thresholds_change(self, alerting: Alerting) -> None:

@@ -73,6 +73,8 @@ def summarize(run: RunData) -> dict[str, Any]:
         "idle_gaps_by_cause": _gap_counts_by_cause(run.gaps),
         "idle_gap_histogram": _gap_histogram(run.gaps),
         "fetch_floor_ms": run.info.get("fetch_floor_ms"),
+        "distributed_split_ms": run.info.get("distributed_split_ms"),  # of the floor: tf.distribute's split
+        "partial_batch_ms": run.info.get("partial_batch_ms"),  # of the split: the partial-batch check
         "callback_ms_per_step": callback_ms_per_step(run),
         "shares": {"input": robust_share(beyond_floor_s, step_with_gap_s) if measured else None,
                    "host": _ratio(gap.sum(), step_total)},
