@@ -72,6 +72,9 @@ CODES: dict[str, Code] = {
                               "a stage that reads files has no later .cache()"),
     "DATA_NOT_TF": Code("static", "warning", "input pipeline",
                         "the input is a Python generator, or a PyDataset without parallel workers"),
+    "DATALOADER_NO_WORKERS": Code("static", "warning", "input pipeline",
+                                  "the input is a torch DataLoader with num_workers=0: batches are loaded in the "
+                                  "training loop"),
     "SMALL_BATCH": Code("static", "warning", "work per step", "the batch is small for an accelerator"),
     "TF_NO_GPU": Code("static", "critical", "placement", "NVML sees a GPU, TensorFlow (the Keras backend) none"),
     "JAX_NO_GPU": Code("static", "critical", "placement", "NVML sees a GPU, JAX (the Keras backend) none"),

@@ -26,7 +26,8 @@ from rnnmon.alerts.delivery import Alerting
 from rnnmon.alerts.prometheus import PrometheusExporter
 from rnnmon.alerts.rules import AlertEvent
 from rnnmon.alerts.thresholds import Thresholds
-from rnnmon.audit.pipeline import audit_pipeline
+from rnnmon.analysis.input_advice import input_advice
+from rnnmon.audit.pipeline import audit_pipeline, input_kind
 from rnnmon.audit.placement import audit_placement
 from rnnmon.audit.preprocessing import audit_preprocessing
 from rnnmon.audit.rnn_layers import audit_rnn_layers
@@ -211,6 +212,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._model_audit_pending = False
         fit = self._scope.call()
         self._callback_timing = CallbackTiming(fit.callbacks.callbacks, skip=self) if fit is not None else None
+        self._input_kind = input_kind(fit.x) if fit is not None else None
         self._hook_guard: HookGuard | None = None
         self._fit_steps = 0  # step records of this fit: what its callback hook times are per
         self._open_phase: tuple[str, float] | None = None
@@ -235,7 +237,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._alerting = Alerting(self.thresholds, log_dir=self.log_dir, writer=self._writer,
                                   wall_offset_s=self._wall_offset, on_alert=self.on_alert, on_fire=self._on_fire,
                                   on_change=self._on_thresholds_change, watch_file=self.watch_thresholds,
-                                  thresholds_root=self.thresholds_root)
+                                  thresholds_root=self.thresholds_root,
+                                  input_advice=input_advice(self._input_kind, keras.backend.backend()))
         self._recorder = Recorder(self._writer, sampler, self._wall_offset, idle_pct=self.idle_pct,
                                   min_gap_s=self.min_gap_s, on_chunk=self._on_chunk)
         if self._exporter is not None and sampler is not None:
@@ -505,7 +508,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             "version": schema.FORMAT_VERSION, "status": "running", "start": time.time(), "end": None,
             "backend": keras.backend.backend(), "keras": keras.__version__, "host": socket.gethostname(),
             "pid": os.getpid(), "worker": self.worker, "steps_per_execution": self._per_execution,
-            "input_wait": self._input_timing, "idle_pct": self.idle_pct,
+            "input_wait": self._input_timing, "input_kind": self._input_kind, "idle_pct": self.idle_pct,
             "gpus": sampler.describe() if sampler else [],
             "nvml": "available" if self._nvml.available else "unavailable",
             "thresholds": self._alerting.thresholds.to_dict(), "thresholds_source": self._alerting.source,

@@ -22,16 +22,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rnnmon.analysis.input_advice import input_advice
 from rnnmon.analysis.verdict import HOST_BOUND_SHARE, INPUT_BOUND_SHARE, MIN_STEPS
 from rnnmon.findings import Finding, amdahl
 
 LOW_UTIL_PCT, LOW_SM_ACTIVITY_PCT = 50.0, 30.0
 EVAL_IDLE_SHARE = 0.10
 SMALL_STEP_FLOOR_SHARE, SMALL_STEP_TARGET_SHARE = 0.10, 0.05  # fetch floor / median step
-
-_INPUT_ADVICE = ("End the pipeline with `.prefetch(tf.data.AUTOTUNE)`, give `map` and `interleave` "
-                 "`num_parallel_calls=tf.data.AUTOTUNE`, `.cache()` what is loaded or decoded the same way every "
-                 "epoch, and move Python preprocessing (`py_function`, generators) into TensorFlow ops.")
 
 
 def measured_findings(summary: dict[str, Any]) -> list[Finding]:
@@ -72,7 +69,8 @@ def _input(summary: dict[str, Any]) -> list[Finding]:
                f"a step waits a median {wait['median']:.2f} ms (p90 {wait['p90']:.2f} ms) for its batch out of a "
                f"median {step['median']:.2f} ms step. Fixing input wait: up to {speedup:.1f}x shorter steps "
                "(the median step less its wait; more where the pipeline's threads also slowed the compute).")
-    return [Finding.of("INPUT_BOUND", "input pipeline", message, _INPUT_ADVICE, speedup)]
+    advice = input_advice(summary.get("input_kind"), summary.get("backend"))
+    return [Finding.of("INPUT_BOUND", "input pipeline", message, advice, speedup)]
 
 
 def _small_step(summary: dict[str, Any]) -> list[Finding]:

@@ -592,8 +592,8 @@ def _is_number(value: Any) -> bool:
 
 
 _DESCRIPTION_TYPES: dict[str, tuple[type, ...]] = {
-    "status": (str,), "backend": (str,), "keras": (str,), "host": (str,), "input_wait": (str,), "nvml": (str,),
-    "gpus": (list,), "worker": (str,), "thresholds": (dict,), "callback_hooks_s": (dict,)}
+    "status": (str,), "backend": (str,), "keras": (str,), "host": (str,), "input_wait": (str,), "input_kind": (str,),
+    "nvml": (str,), "gpus": (list,), "worker": (str,), "thresholds": (dict,), "callback_hooks_s": (dict,)}
 
 
 def _check_description(doc: dict[str, Any]) -> None:
