@@ -378,8 +378,8 @@ def _generator_input(data: types.GeneratorType, backend: str | None) -> Finding:
         how = ("Keras wraps it in Dataset.from_generator, so one Python thread, competing with the training loop "
                "for the GIL, produces every batch.")
     else:
-        how = (f"on the {backend} backend Keras calls it in the training loop itself, before each step, so its "
-               "Python work for every batch adds to the step: nothing is prepared ahead.")
+        how = (f"{_on(backend)} Keras calls it in the training loop itself, before each step, so its Python work "
+               "for every batch adds to the step: nothing is prepared ahead.")
     message = f"The training input is a Python generator ({data.__name__}){_defined_at(data)}: {how}"
     advice = (
         "Build a tf.data pipeline instead (`tf.data.Dataset.from_tensor_slices(arrays)` or TFRecords, with "
@@ -393,8 +393,8 @@ def _generator_input(data: types.GeneratorType, backend: str | None) -> Finding:
 def _py_dataset_input(data: Any, backend: str | None) -> Finding:
     name = type(data).__name__
     how = ("Keras calls its __getitem__ for one batch at a time on a single thread." if backend == "tensorflow" else
-           f"on the {backend} backend Keras calls its __getitem__ in the training loop itself, one batch before "
-           "each step: nothing is prepared ahead.")
+           f"{_on(backend)} Keras calls its __getitem__ in the training loop itself, one batch before each step: "
+           "nothing is prepared ahead.")
     message = (
         f"The training input is a keras.utils.PyDataset ({name}) with workers={data.workers}, "
         f"use_multiprocessing={data.use_multiprocessing}{_defined_at(type(data))}: {how}"
@@ -416,8 +416,7 @@ def _loader_without_workers(data: Any, backend: str | None) -> Finding:
     named = f" (collate_fn={getattr(collate, '__name__', 'fn')}{', ' + where if where else ''})" if custom else ""
     how = ("Keras reads it through Dataset.from_generator: one Python thread, competing with the training loop "
            "for the GIL, does that work" if backend == "tensorflow" else
-           f"on the {backend} backend Keras reads it in the training loop itself, before each step: nothing is "
-           "prepared ahead")
+           f"{_on(backend)} Keras reads it in the training loop itself, before each step: nothing is prepared ahead")
     message = (f"The training input is a torch DataLoader with num_workers=0{named}: every batch is loaded from its "
                f"dataset and collated in the training process, and {how}.")
     advice = (
@@ -426,6 +425,11 @@ def _loader_without_workers(data: Any, backend: str | None) -> Finding:
         "restarted every epoch), and `pin_memory=True` when training on a GPU (faster copies to it)."
     )
     return Finding.of("DATALOADER_NO_WORKERS", WHERE, message, advice)
+
+
+def _on(backend: str | None) -> str:
+    """"on the JAX backend", as a message names the backend that reads the input."""
+    return f"on the {'JAX' if backend == 'jax' else backend} backend"
 
 
 def _init_owner(cls: type) -> str | None:
