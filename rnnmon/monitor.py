@@ -450,6 +450,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
 
     def _on_first_batch(self, batch: Any, iterator: Any) -> None:
         floors = fetch_floors(batch, iterator)
+        self._recorder.fetch_floor_s = floors.get("fetch_floor_ms", 0.0) / 1e3
         if floors:
             self._run_info.update(floors)
             self._writer.json(schema.RUN_TAG, self._run_info)

@@ -9,7 +9,8 @@ before (as in rnnmon.analysis.gaps), a step its host gap and itself. The rules (
 fields):
 
 - gpu_util_low: per GPU, mean utilization below `pct`.
-- input_wait_high: input wait as a share of step time (step + host gap), i.e. the steps' mean share, above `pct`.
+- input_wait_high: input wait as a share of step time (step + host gap), i.e. the steps' mean share, above `pct`;
+  only the wait beyond the fetch floor the chunk carries (what fetching a ready batch costs), as in the report.
 - idle_gap: per GPU (run-wide without one), a gap of at least `min_s`; gaps arrive closed, so it fires and
   resolves at once, with the gap's start and end.
 - step_time_high: the median step time per batch (end - begin, as in the Scalars tab), over the steps that
@@ -211,6 +212,7 @@ class AlertEngine:
         self._warmups: list[tuple[float, float]] = []  # warm-up phases after the first (the first validation's)
         self._throttle_bits: dict[int, int] = {}
         self._events: list[AlertEvent] = []
+        self._floor_s = 0.0  # the fetch floor of the chunk being judged
 
     @property
     def thresholds(self) -> Thresholds:
@@ -225,6 +227,7 @@ class AlertEngine:
     def update(self, chunk: Mapping[str, Any]) -> list[AlertEvent]:
         """Feed one chunk (chunks in time order); returns the events it caused, oldest first."""
         self._events = []
+        self._floor_s = float(chunk.get("fetch_floor_s", 0.0))
         for row in chunk.get("steps", ()):
             self._step(*row)
         if self._warm_end is not None:
@@ -267,6 +270,7 @@ class AlertEngine:
         ms = 1e3 * (end - begin) / max(batches, 1)
         wait, high = t.input_wait_high, t.step_time_high
         if wait.enabled and not math.isnan(wait_s) and total_s > 0:
+            wait_s = max(wait_s - self._floor_s * max(batches, 1), 0.0)
             window = self._wait_window
             if window.add(begin - gap_s, end, 100 * wait_s / total_s):
                 self._judge(wait.RULE, None, end, window.mean(), wait.pct, wait.resolve_pct,
