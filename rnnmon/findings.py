@@ -55,6 +55,9 @@ CODES: dict[str, Code] = {
                              "one GPU of a process idles far more than the others, waiting for them"),
     "STRAGGLER": Code("measured", "warning", "multi-device",
                       "one worker of a multi-worker job holds the others back at every step"),
+    "DISTRIBUTED_SPLIT": Code("measured", "warning", "multi-device",
+                              "a tf.distribute iterator's own cost of splitting each ready batch across the "
+                              "replicas is a large part of the median step"),
     "RNN_NO_FAST_KERNEL": Code("static", "warning", "rnn kernel",
                                "an LSTM/GRU setting keeps the layer off the backend's fused (cuDNN) kernel"),
     "RNN_MASK_RIGHT_PADDING": Code("static", "info", "rnn kernel",
@@ -72,6 +75,9 @@ CODES: dict[str, Code] = {
                               "a stage that reads files has no later .cache()"),
     "DATA_NOT_TF": Code("static", "warning", "input pipeline",
                         "the input is a Python generator, or a PyDataset without parallel workers"),
+    "DATALOADER_NO_WORKERS": Code("static", "warning", "input pipeline",
+                                  "the input is a torch DataLoader with num_workers=0: batches are loaded in the "
+                                  "training loop"),
     "SMALL_BATCH": Code("static", "warning", "work per step", "the batch is small for an accelerator"),
     "TF_NO_GPU": Code("static", "critical", "placement", "NVML sees a GPU, TensorFlow (the Keras backend) none"),
     "JAX_NO_GPU": Code("static", "critical", "placement", "NVML sees a GPU, JAX (the Keras backend) none"),

@@ -26,14 +26,15 @@ from rnnmon.alerts.delivery import Alerting
 from rnnmon.alerts.prometheus import PrometheusExporter
 from rnnmon.alerts.rules import AlertEvent
 from rnnmon.alerts.thresholds import Thresholds
-from rnnmon.audit.pipeline import audit_pipeline, cache_stage
+from rnnmon.analysis.input_advice import input_advice
+from rnnmon.audit.pipeline import audit_pipeline, cache_stage, input_kind
 from rnnmon.audit.placement import audit_placement
 from rnnmon.audit.preprocessing import audit_preprocessing
 from rnnmon.audit.rnn_layers import audit_rnn_layers
 from rnnmon.capture.callback_timing import CallbackTiming
 from rnnmon.capture.exits import ExitGuard
-from rnnmon.capture.fetch_floor import fetch_floor_s
-from rnnmon.capture.fit_scope import FitScope
+from rnnmon.capture.fetch_floor import fetch_floors
+from rnnmon.capture.fit_scope import FitScope, HookGuard
 from rnnmon.capture.input_timing import (
     EpochIteratorTiming,
     unwrap_train_function,
@@ -240,6 +241,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._model_audit_pending = False
         fit = self._scope.call()
         self._callback_timing = CallbackTiming(fit.callbacks.callbacks, skip=self) if fit is not None else None
+        self._input_kind = input_kind(fit.x) if fit is not None else None
+        self._hook_guard: HookGuard | None = None
+        self._fit_steps = 0  # step records of this fit: what its callback hook times are per
         self._open_phase: tuple[str, float] | None = None
         self._fit_begin = self._clock()
         self._warming_up = True
@@ -262,7 +266,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._alerting = Alerting(self.thresholds, log_dir=self.log_dir, writer=self._writer,
                                   wall_offset_s=self._wall_offset, on_alert=self.on_alert, on_fire=self._on_fire,
                                   on_change=self._on_thresholds_change, watch_file=self.watch_thresholds,
-                                  thresholds_root=self.thresholds_root)
+                                  thresholds_root=self.thresholds_root,
+                                  input_advice=input_advice(self._input_kind, keras.backend.backend()))
         self._recorder = Recorder(self._writer, sampler, self._wall_offset, idle_pct=self.idle_pct,
                                   min_gap_s=self.min_gap_s, on_chunk=self._on_chunk)
         if self._exporter is not None and sampler is not None:
@@ -273,6 +278,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._findings: list[Finding] = []
         if self.audit:
             self._audit_setup()
+        if fit is not None:  # a later callback that raises ends monitoring in its own call
+            self._hook_guard = HookGuard(fit.callbacks, self._on_error)
         self._active = True
         _RUNNING.add(self)
         self._final_status = "finished"
@@ -310,6 +317,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._recorder.add_phase("warmup", self._fit_begin, end)
             gap = NA
         self._recorder.add_step((self._global_step, self._epoch, self._begin, end, self._wait, gap, batches))
+        self._fit_steps += 1
         if self._model_audit_pending:
             self._model_audit_pending = False
             self._report_findings(self._audit_model())
@@ -321,7 +329,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if self._active:
             now = self._clock()
             if self._open_phase is None:  # validation starts right after the epoch's last step
-                self._open_phase = ("epoch_end", self._last_end)
+                # Before the fit's first validation Keras builds its data iterator (distributes it, under a
+                # strategy) and its test function: warm-up, as the first step is.
+                self._open_phase = ("warmup" if self._eval_warming_up else "epoch_end", self._last_end)
             self._close_phase(now)
             self._open_phase = ("warmup" if self._eval_warming_up else "eval", now)
 
@@ -396,6 +406,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             unwrap_train_function(self.model)
         if self._callback_timing is not None:
             self._callback_timing.remove()
+        if self._hook_guard is not None:
+            self._hook_guard.remove()
         self._final_status = status
         self._poller.stop(timeout_s=0)
         self._flusher.stop(timeout_s=0)  # its thread writes the end (`_write_final`)
@@ -421,7 +433,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._run_info.update(status=self._final_status, end=time.time(), steps=self._global_step)
             if self._callback_timing is not None:
                 self._run_info.update(callback_hooks_s={name: round(seconds, 6) for name, seconds
-                                                        in self._callback_timing.totals_s().items()})
+                                                        in self._callback_timing.totals_s().items()},
+                                      callback_steps=self._fit_steps)
             self._writer.json(schema.RUN_TAG, self._run_info)
             written = self._writer.flush()
         finally:
@@ -464,10 +477,11 @@ class UtilizationMonitor(keras.callbacks.Callback):
             wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live, self._on_first_batch)
         return "measured"
 
-    def _on_first_batch(self, batch: Any) -> None:
-        floor_s = fetch_floor_s(batch)
-        if not math.isnan(floor_s):
-            self._run_info.update(fetch_floor_ms=round(floor_s * 1e3, 4))
+    def _on_first_batch(self, batch: Any, iterator: Any) -> None:
+        floors = fetch_floors(batch, iterator)
+        self._recorder.fetch_floor_s = floors.get("fetch_floor_ms", 0.0) / 1e3
+        if floors:
+            self._run_info.update(floors)
             self._writer.json(schema.RUN_TAG, self._run_info)
 
     def _on_thresholds_change(self, alerting: Alerting) -> None:
@@ -524,8 +538,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             "version": schema.FORMAT_VERSION, "status": "running", "start": time.time(), "end": None,
             "backend": keras.backend.backend(), "keras": keras.__version__, "host": socket.gethostname(),
             "pid": os.getpid(), "worker": self.worker, "trial": self._trial.to_dict() if self._trial else None,
-            "steps_per_execution": self._per_execution,
-            "input_wait": self._input_timing, "input_cache": self._input_cache(), "idle_pct": self.idle_pct,
+            "steps_per_execution": self._per_execution, "input_wait": self._input_timing,
+            "input_kind": self._input_kind, "input_cache": self._input_cache(), "idle_pct": self.idle_pct,
             "gpus": sampler.describe() if sampler else [],
             "nvml": "available" if self._nvml.available else "unavailable",
             "thresholds": self._alerting.thresholds.to_dict(), "thresholds_source": self._alerting.source,

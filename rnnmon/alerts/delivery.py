@@ -46,14 +46,17 @@ class Alerting:
         watch_file: Follow the thresholds file. Defaults to `True`.
         thresholds_root: The highest folder searched for it (TensorBoard's `--logdir`). Defaults to `None`:
             three levels up, short of shared folders (see `thresholds_files`).
+        input_advice: What input-wait alerts advise, for the fit's kind of input
+            (rnnmon.analysis.input_advice). Defaults to `None`: tf.data's advice.
     """
 
     def __init__(self, thresholds: Thresholds, *, log_dir: str, writer: SummaryWriter, wall_offset_s: float,
                  on_alert: Callable[[AlertEvent], None] | None = None,
                  on_fire: Callable[[AlertEvent], None] | None = None,
                  on_change: Callable[[Alerting], None] | None = None, watch_file: bool = True,
-                 thresholds_root: str | None = None) -> None:
+                 thresholds_root: str | None = None, input_advice: str | None = None) -> None:
         self._writer = writer
+        self._input_advice = input_advice
         self._wall_offset_s = wall_offset_s
         self._hooks = HookThread(on_alert) if on_alert is not None else None
         self._on_fire = on_fire
@@ -62,7 +65,7 @@ class Alerting:
         self.source = "callback"  # or the path of the thresholds file in use
         self._files = thresholds_files(log_dir, thresholds_root) if watch_file else []
         self._seen: tuple[str, float] | None = None
-        self._engine = AlertEngine(thresholds, wall_offset_s=wall_offset_s)
+        self._engine = AlertEngine(thresholds, wall_offset_s=wall_offset_s, input_advice=input_advice)
         self._reload(during_fit=False)
 
     @property
@@ -108,7 +111,7 @@ class Alerting:
             return
         if during_fit:  # alerts judged by the old thresholds end with the data they judged
             self._deliver(self._engine.finish(self._latest, reason=f"Thresholds changed ({current[0]})"))
-        self._engine = AlertEngine(thresholds, wall_offset_s=self._wall_offset_s)
+        self._engine = AlertEngine(thresholds, wall_offset_s=self._wall_offset_s, input_advice=self._input_advice)
         self.source = current[0]
         LOG.warning("rnnmon: alert thresholds now come from %s", current[0])
         if during_fit and self._on_change is not None:

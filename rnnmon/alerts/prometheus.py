@@ -147,7 +147,8 @@ class PrometheusExporter:
             totals["steps"] += len(rows)
             totals["step_s"] += float(duration.sum() + gap.sum())
             totals["gap_s"] += float(gap.sum())
-            totals["wait_s"] += float(np.nansum(wait))
+            floor_s = float(chunk.get("fetch_floor_s", 0.0)) * np.maximum(rows[:, 6], 1)
+            totals["wait_s"] += float(np.nansum(np.clip(wait - floor_s, 0.0, None)))  # as the report: beyond the floor
         for index, samples in chunk["util"].items():
             if samples:
                 self._util.labels(**self._labels, gpu=str(index)).set(samples[-1][1] / 100.0)

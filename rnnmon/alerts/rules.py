@@ -9,7 +9,8 @@ before (as in rnnmon.analysis.gaps), a step its host gap and itself. The rules (
 fields):
 
 - gpu_util_low: per GPU, mean utilization below `pct`.
-- input_wait_high: input wait as a share of step time (step + host gap), i.e. the steps' mean share, above `pct`.
+- input_wait_high: input wait as a share of step time (step + host gap), i.e. the steps' mean share, above `pct`;
+  only the wait beyond the fetch floor the chunk carries (what fetching a ready batch costs), as in the report.
 - idle_gap: per GPU (run-wide without one), a gap of at least `min_s`; gaps arrive closed, so it fires and
   resolves at once, with the gap's start and end.
 - step_time_high: the median step time per batch (end - begin, as in the Scalars tab), over the steps that
@@ -49,7 +50,7 @@ _MEMORY_USED = STAT_COLUMNS.index("memory_used_mib")
 _MEMORY_TOTAL = STAT_COLUMNS.index("memory_total_mib")
 _REASONS = STAT_COLUMNS.index("clocks_event_reasons")
 
-_ADVICE = {
+_ADVICE = {  # input wait: tf.data's advice; an engine is given the advice for its fit's kind of input
     "gpu_util_low": "The GPU is waiting on the host: see the input-wait and idle-gap alerts; otherwise raise the "
                     "batch size or steps_per_execution, and keep LSTM/GRU layers on the cuDNN kernel.",
     "input_wait_high": "The input pipeline cannot keep up: add .prefetch(tf.data.AUTOTUNE) and "
@@ -185,6 +186,8 @@ class AlertEngine:
     Args:
         thresholds: The rules' thresholds. Defaults to `Thresholds()`.
         wall_offset_s: Added to chunk times to give the events' Unix seconds. Defaults to `0.0`.
+        input_advice: What input-wait alerts and input gaps advise, for the fit's kind of input
+            (rnnmon.analysis.input_advice). Defaults to `None`: tf.data's advice.
 
     Example:
         ```python
@@ -193,9 +196,11 @@ class AlertEngine:
         ```
     """
 
-    def __init__(self, thresholds: Thresholds | None = None, *, wall_offset_s: float = 0.0) -> None:
+    def __init__(self, thresholds: Thresholds | None = None, *, wall_offset_s: float = 0.0,
+                 input_advice: str | None = None) -> None:
         self._thresholds = t = thresholds or Thresholds()
         self.wall_offset_s = wall_offset_s
+        self._advice = {**_ADVICE, **({"input_wait_high": input_advice} if input_advice else {})}
         self._open: dict[tuple[str, int | None], _Open] = {}
         self._wait_window = _Window(t.input_wait_high.for_s)
         self._step_window = _SortedWindow(t.step_time_high.for_s)
@@ -207,6 +212,7 @@ class AlertEngine:
         self._warmups: list[tuple[float, float]] = []  # warm-up phases after the first (the first validation's)
         self._throttle_bits: dict[int, int] = {}
         self._events: list[AlertEvent] = []
+        self._floor_s = 0.0  # the fetch floor of the chunk being judged
 
     @property
     def thresholds(self) -> Thresholds:
@@ -221,6 +227,7 @@ class AlertEngine:
     def update(self, chunk: Mapping[str, Any]) -> list[AlertEvent]:
         """Feed one chunk (chunks in time order); returns the events it caused, oldest first."""
         self._events = []
+        self._floor_s = float(chunk.get("fetch_floor_s", 0.0))
         for row in chunk.get("steps", ()):
             self._step(*row)
         if self._warm_end is not None:
@@ -263,6 +270,7 @@ class AlertEngine:
         ms = 1e3 * (end - begin) / max(batches, 1)
         wait, high = t.input_wait_high, t.step_time_high
         if wait.enabled and not math.isnan(wait_s) and total_s > 0:
+            wait_s = max(wait_s - self._floor_s * max(batches, 1), 0.0)
             window = self._wait_window
             if window.add(begin - gap_s, end, 100 * wait_s / total_s):
                 self._judge(wait.RULE, None, end, window.mean(), wait.pct, wait.resolve_pct,
@@ -327,6 +335,8 @@ class AlertEngine:
         if not rule.enabled or length < rule.min_s:
             return
         where, advice = _GAP_CAUSES[cause]
+        if cause == "input":
+            advice = self._advice["input_wait_high"]
         subject = "Training did no compute" if device is None else f"GPU {device} was idle"
         self._emit(rule.RULE, device, "firing", start, None, length, rule.min_s,
                    f"{subject} for {_num(length)} s (alert at {_setting(rule.min_s)} s), mostly {where}. {advice}")
@@ -344,7 +354,7 @@ class AlertEngine:
             if sign * value > sign * fire_at:
                 event = self._emit(rule, device, "firing", time, None, value, fire_at,
                                    f"{describe(value)} (alert {'above' if high else 'below'} {_setting(fire_at)}"
-                                   f"{unit}). {_ADVICE[rule]}")
+                                   f"{unit}). {self._advice[rule]}")
                 self._open[rule, device] = _Open(time, event, value, value, describe)
             return
         alert.latest, alert.describe = value, describe

@@ -4,7 +4,10 @@ validation.
 INPUT_BOUND and HOST_BOUND use the verdict's thresholds (rnnmon.analysis.verdict), so a finding never
 contradicts the verdict. The input share counts only the wait beyond the fetch floor (what fetching a ready
 batch costs, ~0.3 ms on a CPU host) and leaves out the longest waits (rnnmon.analysis.input_share); a floor of
-10% or more of the step is SMALL_STEP, whose remedy is more work per step, not a faster pipeline. Every
+10% or more of the step is SMALL_STEP, whose remedy is more work per step, not a faster pipeline. Under a
+`tf.distribute` strategy the floor is the distributed iterator's, and the part of it the distribution adds
+(splitting each batch across the replicas, see rnnmon.capture.fetch_floor) is DISTRIBUTED_SPLIT, judged
+against the step as SMALL_STEP judges the rest. Every
 measured finding carries `speedup`, the Amdahl bound 1 / (1 - share) of removing its cause (INPUT_BOUND's on
 the median step: `input_speedup`, see rnnmon.analysis.input_share). Idle validation is judged on measured GPU
 utilization only.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rnnmon.analysis.input_advice import input_advice
 from rnnmon.analysis.verdict import HOST_BOUND_SHARE, INPUT_BOUND_SHARE, MIN_STEPS
 from rnnmon.findings import Finding, amdahl
 
@@ -27,17 +31,13 @@ LOW_UTIL_PCT, LOW_SM_ACTIVITY_PCT = 50.0, 30.0
 EVAL_IDLE_SHARE = 0.10
 SMALL_STEP_FLOOR_SHARE, SMALL_STEP_TARGET_SHARE = 0.10, 0.05  # fetch floor / median step
 
-_INPUT_ADVICE = ("End the pipeline with `.prefetch(tf.data.AUTOTUNE)`, give `map` and `interleave` "
-                 "`num_parallel_calls=tf.data.AUTOTUNE`, `.cache()` what is loaded or decoded the same way every "
-                 "epoch, and move Python preprocessing (`py_function`, generators) into TensorFlow ops.")
-
 
 def measured_findings(summary: dict[str, Any]) -> list[Finding]:
     """Dynamic findings for one run's summary (see rnnmon.analysis.summary.summarize)."""
     if summary["verdict"] == "insufficient-data":
         return []
-    return (_input(summary) + _cache_fill(summary) + _small_step(summary) + _host(summary) + _low_work(summary)
-            + _eval_idle(summary))
+    return (_input(summary) + _cache_fill(summary) + _small_step(summary) + _distributed_split(summary)
+            + _host(summary) + _low_work(summary) + _eval_idle(summary))
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -78,7 +78,8 @@ def _input(summary: dict[str, Any]) -> list[Finding]:
     if cache and not fill:
         message += (f" The pipeline caches ({cache}) and each fit ran one epoch, the one that fills the cache: "
                     "epochs after it would read from the cache.")
-    return [Finding.of("INPUT_BOUND", "input pipeline", message, _INPUT_ADVICE, speedup)]
+    advice = input_advice(summary.get("input_kind"), summary.get("backend"))
+    return [Finding.of("INPUT_BOUND", "input pipeline", message, advice, speedup)]
 
 
 def _cache_fill(summary: dict[str, Any]) -> list[Finding]:
@@ -101,6 +102,7 @@ def _cache_fill(summary: dict[str, Any]) -> list[Finding]:
 
 def _small_step(summary: dict[str, Any]) -> list[Finding]:
     floor, step = summary.get("fetch_floor_ms"), summary["step_ms"]["median"]
+    floor = floor and floor - (summary.get("distributed_split_ms") or 0.0)  # that part is DISTRIBUTED_SPLIT's
     if not floor or not step or floor / step < SMALL_STEP_FLOOR_SHARE:
         return []
     share = floor / step
@@ -113,6 +115,28 @@ def _small_step(summary: dict[str, Any]) -> list[Finding]:
     advice = (f"Give each step more work: `model.compile(..., steps_per_execution={factor})` (the batches of an "
               f"execution are fetched inside the graph), or a {factor}x larger batch (scale the learning rate).")
     return [Finding.of("SMALL_STEP", "training step", message, advice, speedup)]
+
+
+def _distributed_split(summary: dict[str, Any]) -> list[Finding]:
+    split, step = summary.get("distributed_split_ms"), summary["step_ms"]["median"]
+    if not split or not step or split / step < SMALL_STEP_FLOOR_SHARE:
+        return []
+    share, partial = split / step, summary.get("partial_batch_ms") or 0.0
+    speedup = amdahl(share)
+    check = (f", and {partial:.2f} ms of that checks every replica for a partial last batch (the batch shape is "
+             "not static)" if partial / step >= SMALL_STEP_FLOOR_SHARE / 2 else "")
+    message = (f"Under tf.distribute, fetching a batch that is already there costs {summary['fetch_floor_ms']:.2f} "
+               f"ms, {split:.2f} ms more than on a plain iterator: the distributed iterator splits each batch "
+               f"across the replicas{check}. That is {_pct(share)} of the median {step:.2f} ms step, paid on the "
+               "host before each step; the input pipeline itself keeps up. Removing it: up to "
+               f"{speedup:.2f}x shorter steps.")
+    advice = ("Spread the split over more samples: a larger per-replica batch costs about the same per fetch "
+              "(scale the learning rate).")
+    if check:
+        advice = (f"Batch with `drop_remainder=True` (or `.repeat()` the dataset and pass `steps_per_epoch`): a "
+                  f"static batch shape turns the partial-batch check off, up to {amdahl(partial / step):.2f}x "
+                  f"shorter steps. {advice}")
+    return [Finding.of("DISTRIBUTED_SPLIT", "distributed iterator", message, advice, speedup)]
 
 
 def _host(summary: dict[str, Any]) -> list[Finding]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rnnmon.analysis.callback_time import callback_ms_per_step
 from rnnmon.analysis.imbalance import device_imbalance
 from rnnmon.analysis.input_share import median_speedup, pipeline_wait_s, robust_share
 from rnnmon.analysis.measured import measured_findings, summary_line
@@ -71,6 +72,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "step_ms": _percentiles(per_batch_ms),
         "input_wait_ms": _percentiles(1e3 * wait / np.maximum(batches, 1)) if measured else None,
         "input_wait_measured": run.info.get("input_wait", "measured" if measured else "not measured"),
+        "input_kind": run.info.get("input_kind"),  # tf.data, DataLoader, PyDataset, generator; None: other
         "input_wait_fraction": _ratio(np.nansum(wait), wall) if measured else None,
         "host_gap_fraction": _ratio(gap.sum(), wall),
         "eval_fraction": _ratio(phase_s["eval"], wall),
@@ -82,8 +84,9 @@ def summarize(run: RunData) -> dict[str, Any]:
         "idle_gaps_by_cause": _gap_counts_by_cause(run.gaps),
         "idle_gap_histogram": _gap_histogram(run.gaps),
         "fetch_floor_ms": run.info.get("fetch_floor_ms"),
-        "callback_ms_per_step": {name: round(1e3 * float(seconds) / max(len(run.steps), 1), 4)
-                                 for name, seconds in (run.info.get("callback_hooks_s") or {}).items()},
+        "distributed_split_ms": run.info.get("distributed_split_ms"),  # of the floor: tf.distribute's split
+        "partial_batch_ms": run.info.get("partial_batch_ms"),  # of the split: the partial-batch check
+        "callback_ms_per_step": callback_ms_per_step(run),
         "shares": {"input": robust_share(beyond_floor_s[judged], step_with_gap_s[judged]) if measured else None,
                    "host": _ratio(gap.sum(), step_total)},
         "input_speedup": median_speedup(beyond_floor_s[judged], step_with_gap_s[judged]) if measured

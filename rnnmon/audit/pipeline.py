@@ -7,7 +7,11 @@ Severities follow what TensorFlow will run after its default rewrites at iterato
 without num_parallel_calls whose function is stateless becomes parallel (map_parallelization), and an
 autotuned prefetch is appended after a synchronous last stage (inject_prefetch); tests pin both rules to
 TensorFlow's own rewritten graph. Python generators and single-worker `keras.utils.PyDataset`s get
-DATA_NOT_TF; NumPy arrays get nothing (Keras builds a prefetched tf.data pipeline for them).
+DATA_NOT_TF, a torch `DataLoader` with `num_workers=0` DATALOADER_NO_WORKERS, each explained for the backend
+that reads it (TensorFlow reads a generator or a PyDataset one batch ahead on a tf.data thread; JAX and torch
+call it in the training loop before each step); NumPy arrays get nothing (Keras builds a prefetched tf.data
+pipeline for them). `input_kind` names the kind of input, for advice against input wait
+(rnnmon.analysis.input_advice).
 
 Example:
     >>> ds = tf.data.TFRecordDataset(files).map(parse).batch(16)
@@ -53,14 +57,28 @@ _BRANCHES = {"If": ("then_branch", "else_branch"), "While": ("cond", "body")}
 _FUNCTION_NAME = re.compile(r"^__inference_Dataset_(?:flat_map|interleave|filter|map)_(.+)_\d+$")
 
 
-def audit_pipeline(data: Any, batch_size: int | None = None) -> list[Finding]:
+def input_kind(data: Any) -> str | None:
+    """`data`'s kind among rnnmon.analysis.input_advice.INPUT_KINDS, or None (arrays, anything else)."""
+    keras = sys.modules.get("keras")
+    if _tf_dataset(data) is not None:
+        return "tf.data"
+    if _torch_loader(data):
+        return "DataLoader"
+    if keras is not None and isinstance(data, keras.utils.PyDataset):
+        return "PyDataset"
+    return "generator" if isinstance(data, types.GeneratorType) else None
+
+
+def audit_pipeline(data: Any, batch_size: int | None = None, backend: str | None = None) -> list[Finding]:
     """Findings for the training input `data`.
 
     `data` may be a `tf.data.Dataset`, a `tf.distribute` distributed dataset (its original dataset is
-    read), a Python generator, a `keras.utils.PyDataset` or anything else (NumPy arrays: no finding).
-    `batch_size` is the batch size where the input shows none (arrays, generators, PyDataset); a batch
-    stage in a dataset takes precedence.
+    read), a Python generator, a `keras.utils.PyDataset`, a torch `DataLoader` or anything else (NumPy
+    arrays: no finding). `batch_size` is the batch size where the input shows none (arrays, generators,
+    PyDataset); a batch stage in a dataset takes precedence. `backend` is the Keras backend that reads it
+    (defaults to Keras's).
     """
+    backend = backend or _keras_backend()
     findings: list[Finding] = []
     dataset = _tf_dataset(data)
     if dataset is not None:
@@ -71,9 +89,11 @@ def audit_pipeline(data: Any, batch_size: int | None = None) -> list[Finding]:
         findings += _uncached_reads(pipeline)
         batch_size = pipeline.batch_size() or batch_size
     elif isinstance(data, types.GeneratorType):  # Keras's own test for a generator input
-        findings.append(_generator_input(data))
+        findings.append(_generator_input(data, backend))
     elif _is_serial_py_dataset(data):
-        findings.append(_py_dataset_input(data))
+        findings.append(_py_dataset_input(data, backend))
+    elif _torch_loader(data) and data.num_workers == 0:
+        findings.append(_loader_without_workers(data, backend))
     if batch_size is not None and batch_size < SMALL_BATCH_SIZE:
         findings.append(_small_batch(batch_size))
     return findings
@@ -86,6 +106,17 @@ def _tf_dataset(data: Any) -> Any:
         return None
     data = getattr(data, "_original_dataset", data)  # tf.distribute's DistributedDataset
     return data if isinstance(data, tf.data.Dataset) else None
+
+
+def _torch_loader(data: Any) -> bool:
+    """Whether `data` is a torch `DataLoader`; torch is only looked at if already imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(data, torch.utils.data.DataLoader)
+
+
+def _keras_backend() -> str | None:
+    keras = sys.modules.get("keras")
+    return keras.backend.backend() if keras is not None else None
 
 
 def _is_serial_py_dataset(data: Any) -> bool:
@@ -376,26 +407,31 @@ def _location(filename: str, line: int) -> str:
     return f"{os.path.basename(filename)}:{line}"
 
 
-def _generator_input(data: types.GeneratorType) -> Finding:
-    message = (
-        f"The training input is a Python generator ({data.__name__}){_defined_at(data)}: Keras wraps it in "
-        "Dataset.from_generator, so one Python thread, competing with the training loop for the GIL, "
-        "produces every batch."
-    )
+def _generator_input(data: types.GeneratorType, backend: str | None) -> Finding:
+    if backend == "tensorflow":
+        how = ("Keras wraps it in Dataset.from_generator, so one Python thread, competing with the training loop "
+               "for the GIL, produces every batch.")
+    else:
+        how = (f"{_on(backend)} Keras calls it in the training loop itself, before each step, so its Python work "
+               "for every batch adds to the step: nothing is prepared ahead.")
+    message = f"The training input is a Python generator ({data.__name__}){_defined_at(data)}: {how}"
     advice = (
         "Build a tf.data pipeline instead (`tf.data.Dataset.from_tensor_slices(arrays)` or TFRecords, with "
         "`.map(..., num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)`), or a "
-        "`keras.utils.PyDataset` with `workers=4, use_multiprocessing=True`."
+        "`keras.utils.PyDataset` with `workers=4, use_multiprocessing=True`"
+        + (", or a torch `DataLoader` with `num_workers=4`." if backend == "torch" else ".")
     )
     return Finding.of("DATA_NOT_TF", WHERE, message, advice)
 
 
-def _py_dataset_input(data: Any) -> Finding:
+def _py_dataset_input(data: Any, backend: str | None) -> Finding:
     name = type(data).__name__
+    how = ("Keras calls its __getitem__ for one batch at a time on a single thread." if backend == "tensorflow" else
+           f"{_on(backend)} Keras calls its __getitem__ in the training loop itself, one batch before each step: "
+           "nothing is prepared ahead.")
     message = (
         f"The training input is a keras.utils.PyDataset ({name}) with workers={data.workers}, "
-        f"use_multiprocessing={data.use_multiprocessing}{_defined_at(type(data))}: Keras calls its "
-        "__getitem__ for one batch at a time on a single thread."
+        f"use_multiprocessing={data.use_multiprocessing}{_defined_at(type(data))}: {how}"
     )
     owner = _init_owner(type(data))
     change = (f"Create it as `{name}(workers=4, use_multiprocessing=True)`" if owner is None else
@@ -405,6 +441,29 @@ def _py_dataset_input(data: Any) -> Finding:
         "convert it to a tf.data pipeline."
     )
     return Finding.of("DATA_NOT_TF", WHERE, message, advice)
+
+
+def _loader_without_workers(data: Any, backend: str | None) -> Finding:
+    collate = getattr(data, "collate_fn", None)
+    custom = collate is not None and not getattr(collate, "__module__", "").startswith("torch.")
+    where = _defined_at(collate).strip(" ()")
+    named = f" (collate_fn={getattr(collate, '__name__', 'fn')}{', ' + where if where else ''})" if custom else ""
+    how = ("Keras reads it through Dataset.from_generator: one Python thread, competing with the training loop "
+           "for the GIL, does that work" if backend == "tensorflow" else
+           f"{_on(backend)} Keras reads it in the training loop itself, before each step: nothing is prepared ahead")
+    message = (f"The training input is a torch DataLoader with num_workers=0{named}: every batch is loaded from its "
+               f"dataset and collated in the training process, and {how}.")
+    advice = (
+        "Load batches in worker processes: `DataLoader(..., num_workers=4, persistent_workers=True, "
+        "prefetch_factor=2)` (each worker keeps `prefetch_factor` batches ready; persistent workers are not "
+        "restarted every epoch), and `pin_memory=True` when training on a GPU (faster copies to it)."
+    )
+    return Finding.of("DATALOADER_NO_WORKERS", WHERE, message, advice)
+
+
+def _on(backend: str | None) -> str:
+    """"on the JAX backend", as a message names the backend that reads the input."""
+    return f"on the {'JAX' if backend == 'jax' else backend} backend"
 
 
 def _init_owner(cls: type) -> str | None:

@@ -2,7 +2,8 @@
 
 Keras calls `on_train_end` only when `fit` ends normally; an exception in a later callback skips it. The
 `fit` frame is found on the training thread's stack at `on_train_begin`; the fit is over once that frame is
-no longer on the thread's stack (returned or raised) or the thread is gone.
+no longer on the thread's stack (returned or raised) or the thread is gone. `HookGuard` notices an exception
+from any callback's hook at once, before it leaves `fit`.
 
 Keras hands a callback the model, not the input. But `Model.fit` (TensorFlow, JAX and torch backends alike)
 calls `callbacks.on_train_begin()` with the user's `x`, the batch size, its epoch iterator and its
@@ -15,6 +16,7 @@ Example:
     >>> scope.running(sys._getframe(1))   # in a function `fit` calls: True at the cost of one comparison
     >>> scope.same_fit(other_scope)       # two callbacks in one callbacks list
     >>> scope.call().batch_size           # in on_train_begin: what fit was given
+    >>> guard = HookGuard(scope.call().callbacks, on_raise=lambda error: ...)
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ import dataclasses
 import inspect
 import sys
 import threading
+from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
+
+# The hooks `fit` calls on its CallbackList (evaluate's included: fit passes it the same list).
+FIT_HOOKS = ("on_epoch_begin", "on_epoch_end", "on_train_batch_begin", "on_train_batch_end", "on_test_begin",
+             "on_test_end", "on_test_batch_begin", "on_test_batch_end", "on_train_end")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +90,39 @@ class FitScope:
     def forget(self) -> None:
         """Drop the frame (it holds the fit's locals: the model, the data iterators)."""
         self._frame = None
+
+
+class HookGuard:
+    """Calls `on_raise(error)` when a hook of a fit's CallbackList raises, then lets the error go on.
+
+    Each hook is shadowed by an instance attribute on the list (`remove()` deletes them), so a callback that
+    raises anywhere in the fit is seen in its own call, not at the next poll. `StopIteration` is not an error:
+    Keras ends the epoch on it.
+    """
+
+    def __init__(self, callbacks: Any, on_raise: Callable[[BaseException], None]) -> None:
+        self._callbacks = callbacks
+        self._hooks = [hook for hook in FIT_HOOKS if hook not in vars(callbacks)]
+        for hook in self._hooks:
+            setattr(callbacks, hook, _guarded(getattr(callbacks, hook), on_raise))
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            vars(self._callbacks).pop(hook, None)
+        self._hooks = []
+
+
+def _guarded(hook: Callable[..., Any], on_raise: Callable[[BaseException], None]) -> Callable[..., Any]:
+    def guarded_hook(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(*args, **kwargs)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            on_raise(error)
+            raise
+
+    return guarded_hook
 
 
 def _fit_codes(model_type: type) -> set[CodeType]:

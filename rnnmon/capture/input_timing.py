@@ -32,10 +32,11 @@ _ORIGINAL = "__rnnmon_original__"
 
 def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
                         on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool],
-                        on_first_batch: Callable[[Any], None] | None = None) -> None:
+                        on_first_batch: Callable[[Any, Any], None] | None = None) -> None:
     """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit).
 
-    `on_first_batch` gets the first batch the wrapper fetched, before the step runs on it.
+    `on_first_batch` gets the first batch the wrapper fetched and the iterator it came from, before the step runs
+    on it.
 
     Once `live(caller_frame)` is False (its monitor has stopped, or its fit is over) the wrapper passes the
     call straight through and removes itself.
@@ -67,7 +68,7 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
             if "first batch" in pending:
                 pending.discard("first batch")
                 if on_first_batch is not None:
-                    on_first_batch(batches[0])
+                    on_first_batch(batches[0], iterator)
             return original(batches)
         except StopIteration:
             raise

@@ -52,6 +52,9 @@ class Recorder:
         self._on_chunk = on_chunk
         self._lock = threading.Lock()
         self.last_step = 0
+        # What fetching a ready batch costs (rnnmon.capture.fetch_floor), once the fit's first batch measured it:
+        # each chunk carries it, so live readers (alerts, the exporter) count only the wait beyond it.
+        self.fetch_floor_s = 0.0
 
     # --- training thread -------------------------------------------------------------------------------
     def add_step(self, row: StepRow) -> None:
@@ -70,7 +73,8 @@ class Recorder:
             util, stats, host = self._sampler.drain() if self._sampler else ({}, {}, [])
             self._remember_intervals(steps, phases)
             gaps = self._find_gaps(util, horizon, final)
-            chunk = {"steps": steps, "phases": phases, "util": util, "stats": stats, "host": host, "gaps": gaps}
+            chunk = {"steps": steps, "phases": phases, "util": util, "stats": stats, "host": host, "gaps": gaps,
+                     "fetch_floor_s": self.fetch_floor_s}
             self._write(chunk)
             if self._on_chunk is not None:
                 self._on_chunk(chunk)

@@ -61,6 +61,7 @@ class RunData:
     run: str
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     fits: int = 0
+    fit_infos: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # each fit's latest description
     steps: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, len(schema.STEP_COLUMNS))))
     phases: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, len(schema.PHASE_COLUMNS))))
     host: np.ndarray = dataclasses.field(default_factory=lambda: np.empty((0, len(schema.HOST_COLUMNS))))
@@ -408,6 +409,10 @@ class RunReader:
         if descriptions:
             out.info = descriptions[-1][1]
             out.fits = len(self._fits)
+            latest: dict[tuple[str, str], dict[str, Any]] = {}  # in the order the fits started
+            for _, doc in descriptions:
+                latest[str(doc.get("pid")), str(doc.get("start"))] = doc
+            out.fit_infos = list(latest.values())
         findings = self._documents.get(schema.FINDINGS_TAG, [])
         out.findings = findings[-1][1] if findings else []
         out.alerts = [alert for _, chunk in self._documents.get(schema.ALERTS_TAG, []) for alert in chunk]
@@ -587,16 +592,17 @@ def _is_number(value: Any) -> bool:
 
 
 _DESCRIPTION_TYPES: dict[str, tuple[type, ...]] = {
-    "status": (str,), "backend": (str,), "keras": (str,), "host": (str,), "input_wait": (str,), "nvml": (str,),
-    "gpus": (list,), "worker": (str,), "thresholds": (dict,), "trial": (dict,),
-    "input_cache": (str,)}
+    "status": (str,), "backend": (str,), "keras": (str,), "host": (str,), "input_wait": (str,), "input_kind": (str,),
+    "nvml": (str,), "gpus": (list,), "worker": (str,), "thresholds": (dict,), "callback_hooks_s": (dict,),
+    "trial": (dict,), "input_cache": (str,)}
 
 
 def _check_description(doc: dict[str, Any]) -> None:
     for key, types in _DESCRIPTION_TYPES.items():
         if doc.get(key) is not None and not isinstance(doc[key], types):
             raise InvalidRecord(f"run description field {key!r} is a {type(doc[key]).__name__}")
-    for key in ("start", "end", "idle_pct", "steps", "steps_per_execution", "fetch_floor_ms"):
+    for key in ("start", "end", "idle_pct", "steps", "steps_per_execution", "fetch_floor_ms", "callback_steps",
+                "distributed_split_ms", "partial_batch_ms"):
         if doc.get(key) is not None and not _is_number(doc[key]):
             raise InvalidRecord(f"run description field {key!r} is not a finite number: {doc[key]!r:.40}")
 

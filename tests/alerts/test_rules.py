@@ -104,6 +104,22 @@ def test_input_wait_high_uses_the_share_of_step_time() -> None:
     assert "add .prefetch(tf.data.AUTOTUNE) and num_parallel_calls=tf.data.AUTOTUNE to map" in events[0].message
 
 
+def test_input_wait_high_counts_only_the_wait_beyond_the_fetch_floor() -> None:
+    # Under MirroredStrategy each ready batch costs the distributed iterator ~2 ms of a 3.5 ms step: that is
+    # its floor, not the pipeline falling behind (issue 18: the alert fired "56% of step time").
+    rows = [WARMUP, *steps(0, 20, 0.0035, wait_s=0.002)]
+    for floor_s, fired in ((0.0, True), (0.0019, False)):
+        engine = AlertEngine(only(input_wait_high={"pct": 20, "resolve_pct": 10, "for_s": 5}))
+        stream = [{**chunk, "fetch_floor_s": floor_s} for chunk in chunks({"steps": rows})]
+        assert bool(feed(engine, stream)) is fired, floor_s
+
+
+def test_input_wait_high_advises_for_the_input_it_is_given() -> None:
+    engine = AlertEngine(only(input_wait_high={"pct": 20, "for_s": 5}), input_advice="Raise num_workers.")
+    events = feed(engine, chunks({"steps": [WARMUP, *steps(0, 20, 0.1875, wait_s=0.125)]}))
+    assert events and events[0].message.endswith("Raise num_workers.")
+
+
 def test_input_wait_not_measured_stays_silent() -> None:
     engine = AlertEngine(only(input_wait_high={"for_s": 5}))
     assert feed(engine, chunks({"steps": [WARMUP, *steps(0, 30, 0.25)]})) == []

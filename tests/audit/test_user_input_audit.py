@@ -18,6 +18,7 @@ from conftest import BATCH, TESTS, read_run, sequences, tiny_model
 
 import rnnmon
 from rnnmon import UtilizationMonitor
+from rnnmon.audit.pipeline import audit_pipeline
 
 
 class Batches:
@@ -105,6 +106,16 @@ def test_single_worker_py_dataset_gets_data_not_tf(tmp_path):
     # The class has no __init__ of its own (as in the field trial): the workers go where it is created.
     [finding] = read_run(str(tmp_path)).findings
     assert finding["advice"].startswith("Create it as `SequenceBatches(workers=4, use_multiprocessing=True)`")
+
+
+@pytest.mark.parametrize(("backend", "how"), [("tensorflow", "one batch at a time on a single thread"),
+                                               ("jax", "in the training loop itself, one batch before each step"),
+                                               ("torch", "in the training loop itself, one batch before each step")])
+def test_a_serial_py_dataset_is_explained_for_the_backend_that_reads_it(backend, how):
+    # TensorFlow reads it ahead on a tf.data thread; JAX and torch call __getitem__ between steps.
+    [finding] = audit_pipeline(Batches(), backend=backend)
+    assert finding.code == "DATA_NOT_TF" and how in finding.message
+    assert "workers=4, use_multiprocessing=True" in finding.advice
 
 
 def test_py_dataset_with_its_own_init_is_told_to_pass_workers_to_super():

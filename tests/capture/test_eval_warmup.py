@@ -29,9 +29,10 @@ def test_first_validation_batch_is_warmup_not_validation(tmp_path):
                      callbacks=[UtilizationMonitor(str(tmp_path))])
     phases = read_run(str(tmp_path)).phases
     kinds = phases[:, 0].astype(int).tolist()
-    # first step | epoch end, first validation batch (tracing), the rest of validation, epoch end | second epoch
-    assert kinds == [WARMUP, EPOCH_END, WARMUP, EVAL, EPOCH_END, EPOCH_END, EVAL, EPOCH_END]
-    assert phases[2, 2] == phases[3, 1]  # validation resumes where its warm-up ends
+    # first step | the first validation's setup (its iterator, its test function) and first batch (tracing),
+    # the rest of validation, epoch end | second epoch
+    assert kinds == [WARMUP, WARMUP, WARMUP, EVAL, EPOCH_END, EPOCH_END, EVAL, EPOCH_END]
+    assert phases[1, 2] == phases[2, 1] and phases[2, 2] == phases[3, 1]  # no time between them is lost
 
 
 def test_idle_gap_that_is_mostly_warmup_is_no_alert():

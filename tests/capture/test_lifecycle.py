@@ -15,6 +15,7 @@ import pytest
 from conftest import TESTS, read_run, run_status, stalled_dataset, tiny_model
 
 from rnnmon import UtilizationMonitor
+from rnnmon.analysis.summary import summarize
 
 
 def _rnnmon_threads() -> list[threading.Thread]:
@@ -214,17 +215,66 @@ def _wait_until(condition, timeout_s: float = 5.0) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
-def test_exception_in_a_later_callback_ends_monitoring_without_on_train_end(tmp_path):
+def test_exception_in_a_later_callback_ends_monitoring_before_fit_returns(tmp_path):
     model = tiny_model()
     with pytest.raises(OSError, match="disk of another callback"):
         model.fit(stalled_dataset(12), epochs=2, verbose=0,
-                  callbacks=[UtilizationMonitor(str(tmp_path), sample_interval_s=0.1), FailAtEpochEnd()])
+                  callbacks=[UtilizationMonitor(str(tmp_path)), FailAtEpochEnd()])
+    # At once, not at the sampler's next poll: the hook's own call ended monitoring.
+    assert not _rnnmon_threads()
+    assert not hasattr(model.train_function, "__rnnmon_original__")
+    run = read_run(str(tmp_path))
+    assert run.info["status"] == "failed" and len(run.steps) == 12
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_nvml")
+def test_exception_outside_any_hook_ends_monitoring_at_the_next_poll(tmp_path):
+    def broken_validation():
+        raise OSError("validation files gone")
+        yield  # a generator: Keras reads its first batches when validation starts, outside any hook
+
+    model = tiny_model()
+    with pytest.raises(OSError, match="validation files gone"):
+        model.fit(stalled_dataset(12), epochs=1, verbose=0, validation_data=broken_validation(),
+                  callbacks=[UtilizationMonitor(str(tmp_path), sample_interval_s=0.1)])
     # A later fit without rnnmon, at once: the wrapper sees it is not its fit, steps aside and removes itself.
     model.fit(stalled_dataset(4), epochs=1, verbose=0)
     assert not hasattr(model.train_function, "__rnnmon_original__")
     assert _wait_until(lambda: not _rnnmon_threads())  # the sampler noticed the fit is over
     run = read_run(str(tmp_path))
     assert run.info["status"] == "failed" and len(run.steps) == 12
+
+
+class SleepThenInterrupt(keras.callbacks.Callback):
+    """Sleeps `sleep_s` in every batch hook; raises KeyboardInterrupt (as Ctrl-C would) after `interrupt_after`."""
+
+    def __init__(self, sleep_s: float, interrupt_after: int | None = None) -> None:
+        super().__init__()
+        self.sleep_s, self.interrupt_after, self.batches = sleep_s, interrupt_after, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(self.sleep_s)
+        self.batches += 1
+        if self.batches == self.interrupt_after:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_nvml")
+def test_interrupted_fit_and_its_rerun_in_one_log_dir_give_the_true_callback_time(tmp_path):
+    model = tiny_model()
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(stalled_dataset(20), epochs=1, verbose=0,
+                  callbacks=[UtilizationMonitor(str(tmp_path)), SleepThenInterrupt(0.03, interrupt_after=12)])
+    assert not _rnnmon_threads() and not hasattr(model.train_function, "__rnnmon_original__")
+    assert read_run(str(tmp_path)).info["status"] == "interrupted"
+    model.fit(stalled_dataset(4), epochs=1, verbose=0,
+              callbacks=[UtilizationMonitor(str(tmp_path)), SleepThenInterrupt(0.03)])
+    summary = summarize(read_run(str(tmp_path)))
+    assert summary["fits"] == 2 and summary["steps"] == 16
+    # Every step of both fits slept 30 ms in the callback: the interrupted fit's time counts with its steps.
+    assert 30.0 <= summary["callback_ms_per_step"]["SleepThenInterrupt"] < 60.0
 
 
 @pytest.mark.slow

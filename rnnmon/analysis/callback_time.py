@@ -1,0 +1,37 @@
+"""How long the other callbacks' batch hooks took per step, over every fit of a run that timed them.
+
+Each fit's last run description holds the seconds its callbacks' batch hooks took (`callback_hooks_s`, by
+class name) and the steps that time covers (`callback_steps`). Both are summed over the fits, so an
+interrupted fit and its re-run in one `log_dir` give the true time per step; a fit that never wrote them
+(killed outright) is in neither sum. A run written before `callback_steps` existed keeps the old reading: its
+latest fit's seconds over all the run's steps.
+
+Example:
+    >>> callback_ms_per_step(run)
+    {'Sleeper': 50.21, 'History': 0.0021}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rnnmon.format.reader import RunData
+
+
+def callback_ms_per_step(run: RunData) -> dict[str, float]:
+    """Milliseconds per step in each callback class's batch hooks; {} where no fit timed them."""
+    timed = [info for info in run.fit_infos if isinstance(info.get("callback_hooks_s"), dict)]
+    if all("callback_steps" in info for info in timed):
+        steps = sum(info["callback_steps"] for info in timed)
+    else:
+        timed, steps = timed[-1:], len(run.steps)
+    totals: dict[str, float] = {}
+    for info in timed:
+        for name, seconds in _numbers(info["callback_hooks_s"]).items():
+            totals[name] = totals.get(name, 0.0) + seconds
+    return {name: round(1e3 * seconds / max(steps, 1), 4) for name, seconds in totals.items()}
+
+
+def _numbers(hooks: dict[str, Any]) -> dict[str, float]:
+    return {str(name): float(seconds) for name, seconds in hooks.items()
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool)}
