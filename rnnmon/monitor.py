@@ -36,6 +36,7 @@ from rnnmon.capture.fetch_floor import fetch_floor_s
 from rnnmon.capture.fit_scope import FitScope
 from rnnmon.capture.input_timing import (
     EpochIteratorTiming,
+    Shapes,
     unwrap_train_function,
     wrap_jax_train_function,
     wrap_train_function,
@@ -206,7 +207,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._epoch = 0
         self._last_end = self._clock()
         self._begin = self._last_end
-        self._wait, self._batches = NA, 0
+        self._wait, self._batches, self._shapes = NA, 0, None
+        self._last_shapes: Shapes | None = None
+        self._seen_shapes: set[Shapes] = set()  # input shapes this fit has stepped on
         self._epoch_timing: EpochIteratorTiming | None = None
         self._model_audit_pending = False
         fit = self._scope.call()
@@ -261,9 +264,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if not self._active:
             return
         self._begin = self._clock()
-        self._wait, self._batches = NA, 0
+        self._wait, self._batches, self._shapes = NA, 0, None
         if self._epoch_timing is not None:  # torch: the batch was fetched just before this hook
-            self._wait, self._batches = self._epoch_timing.take()
+            self._wait, self._batches, self._shapes = self._epoch_timing.take()
             self._begin -= self._wait
         if self._open_phase is not None:  # the epoch boundary lasts until the next epoch's first step
             self._close_phase(self._begin)
@@ -281,6 +284,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._recorder.add_phase("warmup", self._fit_begin, end)
             gap = NA
         self._recorder.add_step((self._global_step, self._epoch, self._begin, end, self._wait, gap, batches))
+        if self._shapes is not None and self._shapes != self._last_shapes:
+            self._new_shapes(self._shapes)
         if self._model_audit_pending:
             self._model_audit_pending = False
             self._report_findings(self._audit_model())
@@ -317,8 +322,15 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._finish("finished")
 
     # --- helpers ---------------------------------------------------------------------------------------
-    def _on_wait(self, seconds: float, batches: int) -> None:
-        self._wait, self._batches = seconds, batches
+    def _on_wait(self, seconds: float, batches: int, shapes: Shapes | None) -> None:
+        self._wait, self._batches, self._shapes = seconds, batches, shapes
+
+    def _new_shapes(self, shapes: Shapes) -> None:
+        """Record the step where the fit first met an input shape (its first step's, and each one after)."""
+        self._last_shapes = shapes
+        if shapes not in self._seen_shapes:
+            self._seen_shapes.add(shapes)
+            self._recorder.add_shapes(self._global_step, self._begin, shapes)
 
     def _is_live(self, caller: FrameType) -> bool:
         """Whether the train-function wrapper, called from `caller`, still times this monitor's fit."""
