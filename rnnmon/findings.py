@@ -40,6 +40,9 @@ CODES: dict[str, Code] = {
     "INPUT_BOUND": Code("measured", "critical", "input pipeline",
                         "steps wait for the input pipeline, beyond the fetch floor, as long as the verdict's "
                         "input-bound share"),
+    "RECOMPILE": Code("measured", "warning", "input pipeline",
+                      "steps on input shapes new to the fit (a partial batch, a new sequence length) compiled the "
+                      "training step again"),
     "SMALL_STEP": Code("measured", "warning", "work per step",
                        "fetching a batch that is already there is a large part of the median step"),
     "HOST_BOUND": Code("measured", "warning", "host loop",
@@ -109,6 +112,24 @@ class Finding:
 def amdahl(removable_share: float) -> float:
     """The most a run speeds up when a cause taking `removable_share` of its time is removed: 1 / (1 - share)."""
     return round(1.0 / max(1.0 - removable_share, 0.01), 2)
+
+
+def fit_speedup(fit_s: float, without_s: float) -> float:
+    """How many times shorter the fit gets without a cause: `fit_s / without_s` (at most 100x)."""
+    return round(fit_s / max(without_s, fit_s / 100, 1e-9), 2)
+
+
+def fit_sentence(fit_s: float, without_s: float) -> str:
+    """What removing a cause predicts, in time and ratio: "this fit would take 3.1 min instead of 4.4 min: 1.42x"."""
+    return (f"this fit would take {duration_text(without_s)} instead of {duration_text(fit_s)}: "
+            f"{fit_speedup(fit_s, without_s):.2f}x")
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as a person reads them: "8.2 s", "4.4 min", "2.1 h"."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

@@ -20,11 +20,12 @@ import math
 from typing import Any
 
 from rnnmon.analysis.verdict import HOST_BOUND_SHARE, INPUT_BOUND_SHARE, MIN_STEPS
-from rnnmon.findings import Finding, amdahl
+from rnnmon.findings import Finding, amdahl, fit_sentence, fit_speedup
 
 LOW_UTIL_PCT, LOW_SM_ACTIVITY_PCT = 50.0, 30.0
 EVAL_IDLE_SHARE = 0.10
 SMALL_STEP_FLOOR_SHARE, SMALL_STEP_TARGET_SHARE = 0.10, 0.05  # fetch floor / median step
+RECOMPILE_SHARE, RECOMPILE_CRITICAL_SHARE = 0.05, 0.20  # of the fit's wall time
 
 _INPUT_ADVICE = ("End the pipeline with `.prefetch(tf.data.AUTOTUNE)`, give `map` and `interleave` "
                  "`num_parallel_calls=tf.data.AUTOTUNE`, `.cache()` what is loaded or decoded the same way every "
@@ -35,7 +36,8 @@ def measured_findings(summary: dict[str, Any]) -> list[Finding]:
     """Dynamic findings for one run's summary (see rnnmon.analysis.summary.summarize)."""
     if summary["verdict"] == "insufficient-data":
         return []
-    return _input(summary) + _small_step(summary) + _host(summary) + _low_work(summary) + _eval_idle(summary)
+    return (_input(summary) + _small_step(summary) + _host(summary) + _recompile(summary) + _low_work(summary)
+            + _eval_idle(summary))
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -50,6 +52,11 @@ def summary_line(summary: dict[str, Any]) -> str:
     if verdict == "host-bound":
         return (f"{_pct(shares.get('host'))} of step time went to host work between steps (Python, callbacks): "
                 "the device waited for the training loop.")
+    times = summary.get("time_s") or {}
+    if times.get("fit") and times["recompiles"] >= RECOMPILE_SHARE * times["fit"]:
+        return (f"Steps compiled again for input shapes new to the fit: {times['recompiles']:.2f} s, "
+                f"{_pct(times['recompiles'] / times['fit'])} of the fit's wall time; the other steps keep the device "
+                "busy.")
     gpus = [g for g in summary["gpus"] if g["util_mean"] is not None]
     if gpus and min(g["util_mean"] for g in gpus) < LOW_UTIL_PCT:
         return ("The input keeps up, yet the GPU is busy only "
@@ -112,6 +119,47 @@ def _callback_blame(summary: dict[str, Any]) -> str:
         return f"The batch hooks of {name} take {ms:.2f} ms per step of the about {gap_ms:.2f} ms host gap."
     return (f"Callbacks' batch hooks take {sum(timed.values()):.2f} ms per step of the about {gap_ms:.2f} ms host "
             "gap: the time is outside callbacks (Keras's loop, logging, garbage collection).")
+
+
+def _recompile(summary: dict[str, Any]) -> list[Finding]:
+    times = summary.get("time_s") or {}
+    lost, fit = times.get("recompiles", 0.0), times.get("fit", 0.0)
+    if not fit or lost < RECOMPILE_SHARE * fit:
+        return []
+    steps = [step for step in summary["slow_steps"] if step["cause"] == "recompile"]
+    named = "; ".join(f"step {step['step']} on {_shapes(step['shapes'])}"
+                      + (f" after {_shapes(step['previous_shapes'])}" if step["previous_shapes"] else "")
+                      + f", {step['excess_s']:.2f} s" for step in steps[:3])
+    count = summary["slow_step_count"]["recompile"]
+    message = (f"{count} step{'s' if count > 1 else ''} met input shapes new to the fit and compiled the training "
+               f"step again ({named}{'; ...' if count > 3 else ''}): {lost:.2f} s lost beyond the median step, "
+               f"{_pct(lost / fit)} of the fit's wall time. Without the recompiles {fit_sentence(fit, fit - lost)}.")
+    changed = {_changed(step["previous_shapes"], step["shapes"]) for step in steps}
+    advice = []
+    if "batch" in changed:
+        advice.append("Give every batch the same size: `dataset.batch(n, drop_remainder=True)` (or arrays trimmed to "
+                      "a multiple of `batch_size`), or pad the last batch to the full size with zero sample weights.")
+    if "length" in changed or not advice:
+        advice.append("Bucket sequence lengths so that a few shapes compile once each: "
+                      "`dataset.bucket_by_sequence_length(...)`, or `padded_batch` to one of a few fixed lengths.")
+    severity = "critical" if lost >= RECOMPILE_CRITICAL_SHARE * fit else None
+    return [Finding.of("RECOMPILE", "input shapes", message, " ".join(advice), fit_speedup(fit, fit - lost),
+                       severity=severity)]
+
+
+def _shapes(shapes: list | None) -> str:
+    return ", ".join("?" if shape is None else f"({', '.join('?' if n is None else str(n) for n in shape)}"
+                     f"{',' if len(shape) == 1 else ''})" for shape in shapes or [])
+
+
+def _changed(before: list | None, after: list) -> str:
+    """"batch" when only the leading (batch) sizes changed, else "length" (a sequence length or another size)."""
+    if before is None or len(before) != len(after):
+        return "length"
+    for old, new in zip(before, after):
+        if old is None or new is None or len(old) != len(new) or old[1:] != new[1:]:
+            return "length"
+    return "batch"
 
 
 def _low_work(summary: dict[str, Any]) -> list[Finding]:

@@ -3,6 +3,8 @@
 Fractions are of training wall time: step time + host gaps + evaluation and epoch-end phases. Each fit's
 first step (tracing, iterator creation) is its warm-up: counted in `steps`, reported as `warmup_s`, left out
 of everything else. The verdict (rnnmon.analysis.verdict) uses shares of step time (step + host gap).
+`time_s` accounts for the fits' whole wall time, warm-up included, part by part, and `slow_steps` names the
+steps far above the median (rnnmon.analysis.fit_time).
 
 Example:
     >>> summary = summarize(runs["exp1/rnnmon"])
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rnnmon.analysis.fit_time import fit_time
 from rnnmon.analysis.imbalance import device_imbalance
 from rnnmon.analysis.input_share import median_speedup, pipeline_wait_s, robust_share
 from rnnmon.analysis.measured import measured_findings, summary_line
@@ -82,6 +85,8 @@ def summarize(run: RunData) -> dict[str, Any]:
         "errors": run.errors,
         "notes": run.notes,
     }
+    summary["time_s"], summary["slow_step_count"], summary["slow_steps"] = fit_time(
+        run.steps, run.phases, run.shapes, floor_s)
     input_wait_s = (summary["shares"]["input"] or 0.0) * step_total  # beyond the fetch floor, robust
     summary["verdict"] = verdict(len(duration), input_wait_s, gap.sum(), step_total)
     recorded = in_measured_context([Finding(**f) for f in run.findings if isinstance(f, dict) and _is_finding(f)],
