@@ -115,7 +115,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
     `log_dir/worker-<index>/rnnmon` (`chief-0`, `ps-0`, ... by task type). A `TF_CONFIG` task that cannot name
     such a folder (`../../x`) is refused with one ERROR; the process then records in `log_dir/rnnmon`.
 
-    Put it first in the callbacks list: callbacks after it then count as host gap, not as step time.
+    Its place in the callbacks list does not matter: every callback's batch hooks count as host time between
+    steps, wherever it sits.
 
     Example:
         ```python
@@ -213,7 +214,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._epoch_timing: EpochIteratorTiming | None = None
         self._model_audit_pending = False
         fit = self._scope.call()
-        self._callback_timing = CallbackTiming(fit.callbacks.callbacks, skip=self) if fit is not None else None
+        self._callback_timing = None if fit is None else CallbackTiming(
+            fit.callbacks.callbacks, skip=self, on_begun=self._step_begins, on_ended=self._step_ends)
+        self._end = NA
         self._open_phase: tuple[str, float] | None = None
         self._fit_begin = self._clock()
         self._warming_up = True
@@ -263,19 +266,31 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if not self._active:
             return
-        self._begin = self._clock()
         self._wait, self._batches, self._shapes = NA, 0, None
-        if self._epoch_timing is not None:  # torch: the batch was fetched just before this hook
+        if self._epoch_timing is not None:  # torch: the batch was fetched before the callbacks' begin hooks
             self._wait, self._batches, self._shapes = self._epoch_timing.take()
-            self._begin -= self._wait
+        if self._callback_timing is None or not self._callback_timing.stamps_begin:
+            self._step_begins(self._clock())
+
+    def _step_begins(self, now: float) -> None:
+        """After the last callback's `on_train_batch_begin`: the step's compute starts (and, on torch, its fetch
+        ended just before those hooks: the step begins that much earlier, and the hooks are host time)."""
+        if not self._active:
+            return
+        self._begin = now - self._wait if self._epoch_timing is not None else now
         if self._open_phase is not None:  # the epoch boundary lasts until the next epoch's first step
             self._close_phase(self._begin)
             self._last_end = self._begin
 
+    def _step_ends(self, now: float) -> None:
+        """When the first callback's `on_train_batch_end` is called: the step's outputs are numbers by then."""
+        self._end = now
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if not self._active:
             return
-        end = self._clock()
+        stamped = self._callback_timing is not None and self._callback_timing.stamps_end
+        end = self._end if stamped else self._clock()
         batches = self._batches or self._per_execution
         self._global_step += batches
         gap = self._begin - self._last_end
