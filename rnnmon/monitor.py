@@ -215,7 +215,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._model_audit_pending = False
         fit = self._scope.call()
         self._callback_timing = None if fit is None else CallbackTiming(
-            fit.callbacks.callbacks, skip=self, on_begun=self._step_begins, on_ended=self._step_ends)
+            fit.callbacks.callbacks, skip=self, on_begun=self._step_begins, on_ended=self._step_ends,
+            on_epoch_ending=self._epoch_ends)
         self._end = NA
         self._open_phase: tuple[str, float] | None = None
         self._fit_begin = self._clock()
@@ -323,15 +324,20 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._close_phase(now)
             self._open_phase = ("eval", now)
 
-    def on_test_end(self, logs: dict | None = None) -> None:
-        if self._active:
-            now = self._clock()
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._callback_timing is None or not self._callback_timing.stamps_epoch_end:
+            self._epoch_ends(self._clock())
+
+    def _epoch_ends(self, now: float) -> None:
+        """When the first callback's `on_epoch_end` is called. Validation lasts until then: `evaluate()` goes on
+        after `on_test_end` (on TensorFlow it frees its iterator there, about a second)."""
+        if not self._active:
+            return
+        if self._open_phase is None:  # no validation: the boundary starts at the epoch's last step
+            self._open_phase = ("epoch_end", self._last_end)
+        else:
             self._close_phase(now)
             self._open_phase = ("epoch_end", now)
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._active and self._open_phase is None:
-            self._open_phase = ("epoch_end", self._last_end)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._finish("finished")

@@ -7,9 +7,11 @@ shadowed by an instance attribute that adds up its time; `remove()` deletes the 
 The same shadows mark where a step lies between the hooks, wherever the monitor sits in the list: `on_begun`
 gets the time the last callback's `on_train_batch_begin` returned (the step's compute starts after it), and
 `on_ended` the time the first callback's `on_train_batch_end` was called (Keras has by then turned the step's
-outputs into numbers, so the device has finished it). Every callback's hooks then lie between steps.
-`stamps_begin` / `stamps_end` say whether those ends of the list could be shadowed (not when the callback is
-`skip`, or its hook is already an instance attribute): where not, the monitor's own hook stands in.
+outputs into numbers, so the device has finished it). Every callback's hooks then lie between steps. Likewise
+`on_epoch_ending` gets the time the first callback's `on_epoch_end` was called (validation has returned).
+`stamps_begin` / `stamps_end` / `stamps_epoch_end` say whether those ends of the list could be shadowed (not when
+the callback is `skip`, or its hook is already an instance attribute): where not, the monitor's own hook stands
+in.
 
 Example:
     >>> timing = CallbackTiming(fit.callbacks.callbacks, skip=monitor, on_begun=..., on_ended=...)
@@ -30,10 +32,15 @@ Stamp = Callable[[float], None]
 
 class CallbackTiming:
     def __init__(self, callbacks: list[Any], skip: Any, on_begun: Stamp | None = None,
-                 on_ended: Stamp | None = None) -> None:
+                 on_ended: Stamp | None = None, on_epoch_ending: Stamp | None = None) -> None:
         self._totals: dict[str, float] = {}
         self._patched: list[tuple[Any, str]] = []
-        self.stamps_begin = self.stamps_end = False
+        self.stamps_begin = self.stamps_end = self.stamps_epoch_end = False
+        first = callbacks[0] if callbacks else skip
+        if on_epoch_ending is not None and first is not skip and "on_epoch_end" not in vars(first):
+            first.on_epoch_end = self._stamped(first.on_epoch_end, on_epoch_ending)
+            self._patched.append((first, "on_epoch_end"))
+            self.stamps_epoch_end = True
         for index, callback in enumerate(callbacks):
             if callback is skip:
                 continue
@@ -65,6 +72,16 @@ class CallbackTiming:
                     begun(now)
 
         return timed_hook
+
+    def _stamped(self, hook: Callable[..., Any], stamp: Stamp) -> Callable[..., Any]:
+        clock, patched = time.perf_counter, self._patched
+
+        def stamped_hook(*args: Any, **kwargs: Any) -> Any:
+            if patched:
+                stamp(clock())
+            return hook(*args, **kwargs)
+
+        return stamped_hook
 
     def remove(self) -> None:
         for callback, hook in self._patched:
