@@ -114,15 +114,16 @@ def amdahl(removable_share: float) -> float:
     return round(1.0 / max(1.0 - removable_share, 0.01), 2)
 
 
-def fit_speedup(fit_s: float, without_s: float) -> float:
-    """How many times shorter the fit gets without a cause: `fit_s / without_s` (at most 100x)."""
-    return round(fit_s / max(without_s, fit_s / 100, 1e-9), 2)
+def training_speedup(training_s: float, without_s: float) -> float:
+    """How many times shorter a fit's training gets without a cause: `training_s / without_s` (at most 100x)."""
+    return round(training_s / max(without_s, training_s / 100, 1e-9), 2)
 
 
-def fit_sentence(fit_s: float, without_s: float) -> str:
-    """What removing a cause predicts, in time and ratio: "this fit would take 3.1 min instead of 4.4 min: 1.42x"."""
-    return (f"this fit would take {duration_text(without_s)} instead of {duration_text(fit_s)}: "
-            f"{fit_speedup(fit_s, without_s):.2f}x")
+def training_sentence(training_s: float, without_s: float) -> str:
+    """What removing a cause predicts, in time and ratio, for the fit's wall time after its warm-up (its training
+    time): "this fit would take 3.1 min instead of 4.4 min after its warm-up: 1.42x"."""
+    return (f"this fit would take {duration_text(without_s)} instead of {duration_text(training_s)} after its "
+            f"warm-up: {training_speedup(training_s, without_s):.2f}x")
 
 
 def duration_text(seconds: float) -> str:

@@ -42,8 +42,8 @@ _SAME_S = 1e-4  # a shape record names the step that begins within this of its t
 
 def fit_time(steps: np.ndarray, phases: np.ndarray, shapes: list[dict[str, Any]],
              floor_s: float) -> tuple[dict[str, float], dict[str, int], list[dict[str, Any]]]:
-    """{"fit", every part of `PARTS`, "input_wait" (inside "steps"), "unaccounted"} in seconds; the count of slow
-    steps by cause; and the slow steps themselves, longest excess first."""
+    """{"fit", every part of `PARTS`, "input_wait" (inside "steps"), "unaccounted", "training" (the fit after its
+    warm-up)} in seconds; the count of slow steps by cause; and the slow steps themselves, longest excess first."""
     gap = steps[:, _S["host_gap_ms"]] / 1e3
     kept = ~np.isnan(gap)  # each fit's first step lies inside its warm-up phase
     begin, end = steps[kept, _S["begin"]], steps[kept, _S["end"]]
@@ -59,9 +59,27 @@ def fit_time(steps: np.ndarray, phases: np.ndarray, shapes: list[dict[str, Any]]
              "host_gaps": float(gap[kept].sum()), "validation": phase_s["eval"], "epoch_ends": phase_s["epoch_end"],
              "input_wait": float(wait.sum())}
     times["unaccounted"] = times["fit"] - sum(times[part] for part in PARTS)
+    times["training"] = times["fit"] - times["warmup"]
     counts = {name: int((cause == name).sum()) for name in ("recompile", "input", "unknown")}
     return ({name: round(seconds, 4) for name, seconds in times.items()}, counts,
             _listed(steps[kept], duration, excess, cause, new_shape, shapes))
+
+
+def training_without(times: dict[str, float], wait_beyond_floor_s: float | None,
+                     callback_hooks_s: dict[str, float] | None) -> dict[str, float | None]:
+    """The fits' training time (wall time after the warm-up) without each cause, as measured: what every measured
+    finding's speed-up predicts.
+
+    "input_wait": without the input wait beyond the fetch floor (None where it was not measured);
+    "host_gaps": without the host gaps between steps; "callbacks": without the other callbacks' batch hooks (None
+    where they were not timed); "recompiles", "validation": without those parts.
+    """
+    training = times["training"]
+    without = {"input_wait": None if wait_beyond_floor_s is None else training - wait_beyond_floor_s,
+               "host_gaps": training - times["host_gaps"],
+               "callbacks": None if not callback_hooks_s else training - sum(callback_hooks_s.values()),
+               "recompiles": training - times["recompiles"], "validation": training - times["validation"]}
+    return {cause: None if seconds is None else round(max(seconds, 0.0), 4) for cause, seconds in without.items()}
 
 
 def _new_shape(begin: np.ndarray, shapes: list[dict[str, Any]]) -> np.ndarray:

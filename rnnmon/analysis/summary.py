@@ -4,7 +4,8 @@ Fractions are of training wall time: step time + host gaps + evaluation and epoc
 first step (tracing, iterator creation) is its warm-up: counted in `steps`, reported as `warmup_s`, left out
 of everything else. The verdict (rnnmon.analysis.verdict) uses shares of step time (step + host gap).
 `time_s` accounts for the fits' whole wall time, warm-up included, part by part, and `slow_steps` names the
-steps far above the median (rnnmon.analysis.fit_time).
+steps far above the median (rnnmon.analysis.fit_time). `training_without_s` is the quantity every measured
+finding's speed-up predicts: the fits' training time (wall time after the warm-up) without one cause.
 
 Example:
     >>> summary = summarize(runs["exp1/rnnmon"])
@@ -19,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from rnnmon.analysis.fit_time import fit_time
+from rnnmon.analysis.fit_time import fit_time, training_without
 from rnnmon.analysis.imbalance import device_imbalance
-from rnnmon.analysis.input_share import median_speedup, pipeline_wait_s, robust_share
+from rnnmon.analysis.input_share import pipeline_wait_s, robust_share
 from rnnmon.analysis.measured import measured_findings, summary_line
 from rnnmon.analysis.pipeline_context import in_measured_context
 from rnnmon.analysis.verdict import verdict
-from rnnmon.findings import Finding, rank_findings
+from rnnmon.findings import Finding, rank_findings, training_speedup
 from rnnmon.format import schema
 from rnnmon.format.reader import RunData
 
@@ -77,16 +78,21 @@ def summarize(run: RunData) -> dict[str, Any]:
         "fetch_floor_ms": run.info.get("fetch_floor_ms"),
         "callback_ms_per_step": {name: round(1e3 * float(seconds) / max(len(run.steps), 1), 4)
                                  for name, seconds in (run.info.get("callback_hooks_s") or {}).items()},
+        "callback_hooks_s": {name: round(float(seconds), 4)
+                             for name, seconds in (run.info.get("callback_hooks_s") or {}).items()},
         "shares": {"input": robust_share(beyond_floor_s, step_with_gap_s) if measured else None,
                    "host": _ratio(gap.sum(), step_total)},
-        "input_speedup": median_speedup(beyond_floor_s, step_with_gap_s) if measured
-        else None,  # the median step over the median step less its wait beyond the fetch floor
         "alerts": merge_alerts(run.alerts),
         "errors": run.errors,
         "notes": run.notes,
     }
     summary["time_s"], summary["slow_step_count"], summary["slow_steps"] = fit_time(
         run.steps, run.phases, run.shapes, floor_s)
+    summary["training_without_s"] = training_without(
+        summary["time_s"], float(np.nansum(beyond_floor_s)) if measured else None, summary["callback_hooks_s"])
+    without_wait = summary["training_without_s"]["input_wait"]
+    summary["input_speedup"] = (None if without_wait is None
+                                else training_speedup(summary["time_s"]["training"], without_wait))
     input_wait_s = (summary["shares"]["input"] or 0.0) * step_total  # beyond the fetch floor, robust
     summary["verdict"] = verdict(len(duration), input_wait_s, gap.sum(), step_total)
     recorded = in_measured_context([Finding(**f) for f in run.findings if isinstance(f, dict) and _is_finding(f)],
