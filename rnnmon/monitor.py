@@ -177,6 +177,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._finish_lock = threading.Lock()
         self._pid = os.getpid()
         self._scope = FitScope(None, 0)
+        self._callback_timing: CallbackTiming | None = None
 
     # --- fit lifecycle ---------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -325,7 +326,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._open_phase = ("eval", now)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._callback_timing is None or not self._callback_timing.stamps_epoch_end:
+        if self._active and (self._callback_timing is None or not self._callback_timing.stamps_epoch_end):
             self._epoch_ends(self._clock())
 
     def _epoch_ends(self, now: float) -> None:

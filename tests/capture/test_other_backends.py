@@ -51,6 +51,8 @@ def test_jax_backend_times_the_input_wait(tmp_path):
     assert summary["input_wait_measured"] == "measured"
     assert 8.0 < summary["input_wait_ms"]["median"] < 20.0  # the generator's 10 ms
     assert summary["verdict"] == "input-bound"
+    [bound] = [f for f in summary["findings"] if f["code"] == "INPUT_BOUND"]  # one prediction, one quantity:
+    assert bound["speedup"] == summary["input_speedup"] > 1.2  # (they used to disagree on JAX)
 
 
 def test_torch_backend_times_the_input_wait(tmp_path):
