@@ -43,6 +43,9 @@ CODES: dict[str, Code] = {
     "CACHE_FILL": Code("measured", "info", "input pipeline",
                        "the first epoch waited for the input pipeline while it filled `.cache()`; the epochs after "
                        "it are judged on their own"),
+    "RECOMPILE": Code("measured", "warning", "input pipeline",
+                      "steps on input shapes new to the fit (a partial batch, a new sequence length) compiled the "
+                      "training step again"),
     "SMALL_STEP": Code("measured", "warning", "work per step",
                        "fetching a batch that is already there is a large part of the median step"),
     "HOST_BOUND": Code("measured", "warning", "host loop",
@@ -118,6 +121,25 @@ class Finding:
 def amdahl(removable_share: float) -> float:
     """The most a run speeds up when a cause taking `removable_share` of its time is removed: 1 / (1 - share)."""
     return round(1.0 / max(1.0 - removable_share, 0.01), 2)
+
+
+def training_speedup(training_s: float, without_s: float) -> float:
+    """How many times shorter a fit's training gets without a cause: `training_s / without_s` (at most 100x)."""
+    return round(training_s / max(without_s, training_s / 100, 1e-9), 2)
+
+
+def training_sentence(training_s: float, without_s: float) -> str:
+    """What removing a cause predicts, in time and ratio, for the fit's wall time after its warm-up (its training
+    time): "this fit would take 3.1 min instead of 4.4 min after its warm-up: 1.42x"."""
+    return (f"this fit would take {duration_text(without_s)} instead of {duration_text(training_s)} after its "
+            f"warm-up: {training_speedup(training_s, without_s):.2f}x")
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as a person reads them: "8.2 s", "4.4 min", "2.1 h"."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

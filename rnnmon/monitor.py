@@ -37,6 +37,7 @@ from rnnmon.capture.fetch_floor import fetch_floors
 from rnnmon.capture.fit_scope import FitScope, HookGuard
 from rnnmon.capture.input_timing import (
     EpochIteratorTiming,
+    Shapes,
     unwrap_train_function,
     wrap_jax_train_function,
     wrap_train_function,
@@ -119,7 +120,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
     `tuner.search(..., callbacks=[...])`; KerasTuner gives each trial a copy (`copy.deepcopy`), a fresh monitor
     with the same settings.
 
-    Put it first in the callbacks list: callbacks after it then count as host gap, not as step time.
+    Its place in the callbacks list does not matter: every callback's batch hooks count as host time between
+    steps, wherever it sits.
 
     Example:
         ```python
@@ -182,6 +184,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._pid = os.getpid()
         self._scope = FitScope(None, 0)
         self._trial: Trial | None = None
+        self._callback_timing: CallbackTiming | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> UtilizationMonitor:
         """A fresh, unstarted monitor with this one's settings: KerasTuner copies the callbacks for each trial.
@@ -236,11 +239,16 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._epoch = 0
         self._last_end = self._clock()
         self._begin = self._last_end
-        self._wait, self._batches = NA, 0
+        self._wait, self._batches, self._shapes = NA, 0, None
+        self._last_shapes: Shapes | None = None
+        self._seen_shapes: set[Shapes] = set()  # input shapes this fit has stepped on
         self._epoch_timing: EpochIteratorTiming | None = None
         self._model_audit_pending = False
         fit = self._scope.call()
-        self._callback_timing = CallbackTiming(fit.callbacks.callbacks, skip=self) if fit is not None else None
+        self._callback_timing = None if fit is None else CallbackTiming(
+            fit.callbacks.callbacks, skip=self, on_begun=self._step_begins, on_ended=self._step_ends,
+            on_epoch_ending=self._epoch_ends)
+        self._end = NA
         self._input_kind = input_kind(fit.x) if fit is not None else None
         self._hook_guard: HookGuard | None = None
         self._fit_steps = 0  # step records of this fit: what its callback hook times are per
@@ -296,19 +304,31 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if not self._active:
             return
-        self._begin = self._clock()
-        self._wait, self._batches = NA, 0
-        if self._epoch_timing is not None:  # torch: the batch was fetched just before this hook
-            self._wait, self._batches = self._epoch_timing.take()
-            self._begin -= self._wait
+        self._wait, self._batches, self._shapes = NA, 0, None
+        if self._epoch_timing is not None:  # torch: the batch was fetched before the callbacks' begin hooks
+            self._wait, self._batches, self._shapes = self._epoch_timing.take()
+        if self._callback_timing is None or not self._callback_timing.stamps_begin:
+            self._step_begins(self._clock())
+
+    def _step_begins(self, now: float) -> None:
+        """After the last callback's `on_train_batch_begin`: the step's compute starts (and, on torch, its fetch
+        ended just before those hooks: the step begins that much earlier, and the hooks are host time)."""
+        if not self._active:
+            return
+        self._begin = now - self._wait if self._epoch_timing is not None else now
         if self._open_phase is not None:  # the epoch boundary lasts until the next epoch's first step
             self._close_phase(self._begin)
             self._last_end = self._begin
 
+    def _step_ends(self, now: float) -> None:
+        """When the first callback's `on_train_batch_end` is called: the step's outputs are numbers by then."""
+        self._end = now
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if not self._active:
             return
-        end = self._clock()
+        stamped = self._callback_timing is not None and self._callback_timing.stamps_end
+        end = self._end if stamped else self._clock()
         batches = self._batches or self._per_execution
         self._global_step += batches
         gap = self._begin - self._last_end
@@ -318,6 +338,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
             gap = NA
         self._recorder.add_step((self._global_step, self._epoch, self._begin, end, self._wait, gap, batches))
         self._fit_steps += 1
+        if self._shapes is not None and self._shapes != self._last_shapes:
+            self._new_shapes(self._shapes)
         if self._model_audit_pending:
             self._model_audit_pending = False
             self._report_findings(self._audit_model())
@@ -342,22 +364,34 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._close_phase(now)
             self._open_phase = ("eval", now)
 
-    def on_test_end(self, logs: dict | None = None) -> None:
-        if self._active:
-            now = self._clock()
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._active and (self._callback_timing is None or not self._callback_timing.stamps_epoch_end):
+            self._epoch_ends(self._clock())
+
+    def _epoch_ends(self, now: float) -> None:
+        """When the first callback's `on_epoch_end` is called. Validation lasts until then: `evaluate()` goes on
+        after `on_test_end` (on TensorFlow it frees its iterator there, about a second)."""
+        if not self._active:
+            return
+        if self._open_phase is None:  # no validation: the boundary starts at the epoch's last step
+            self._open_phase = ("epoch_end", self._last_end)
+        else:
             self._close_phase(now)
             self._open_phase = ("epoch_end", now)
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._active and self._open_phase is None:
-            self._open_phase = ("epoch_end", self._last_end)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._finish("finished")
 
     # --- helpers ---------------------------------------------------------------------------------------
-    def _on_wait(self, seconds: float, batches: int) -> None:
-        self._wait, self._batches = seconds, batches
+    def _on_wait(self, seconds: float, batches: int, shapes: Shapes | None) -> None:
+        self._wait, self._batches, self._shapes = seconds, batches, shapes
+
+    def _new_shapes(self, shapes: Shapes) -> None:
+        """Record the step where the fit first met an input shape (its first step's, and each one after)."""
+        self._last_shapes = shapes
+        if shapes not in self._seen_shapes:
+            self._seen_shapes.add(shapes)
+            self._recorder.add_shapes(self._global_step, self._begin, shapes)
 
     def _is_live(self, caller: FrameType) -> bool:
         """Whether the train-function wrapper, called from `caller`, still times this monitor's fit."""

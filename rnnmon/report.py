@@ -109,7 +109,7 @@ def _clean(text: Any) -> str:
 
 def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     lines = [f"Run {run['run']}  ({run['backend'] or '?'} backend, {run['status']}, {run['steps']} steps, "
-             f"{run['wall_s']:.1f} s)", f"  verdict        {label(run['verdict'])}",
+             f"{run['time_s']['fit']:.1f} s)", f"  verdict        {label(run['verdict'])}",
              f"  summary        {run['summary']}"]
     step, wait = run["step_ms"], run["input_wait_ms"]
     lines.append(f"  step time      median {_ms(step['median'])}, p90 {_ms(step['p90'])}")
@@ -124,6 +124,9 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
                          f"{fill['stage']}: {fill['wait_s']:.2f} s of wait beyond the fetch floor")
     lines.append(f"  host gaps      {_pct(run['host_gap_fraction'])} of wall time")
     lines.append(f"  validation     {_pct(run['eval_fraction'])}, epoch ends {_pct(run['epoch_end_fraction'])}")
+    lines.append(f"  time           {_time_parts(run['time_s'])}")
+    if run["slow_steps"]:
+        lines.append(f"  slow steps     {_slow_steps(run['slow_step_count'], run['slow_steps'])}")
     if not run["gpus"]:
         lines.append("  GPUs           none seen by NVML (CPU-only); gaps below come from step phases")
     for gpu in run["gpus"]:
@@ -148,6 +151,27 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     for note in run["notes"]:
         lines.append(f"  note           {note}")
     return "\n".join(_clean(line) for line in lines)
+
+
+def _time_parts(times: dict[str, float]) -> str:
+    """The fit's wall time and the parts it is made of (those above a millisecond), in seconds."""
+    names = {"warmup": "warm-up", "steps": "steps", "recompiles": "recompiles", "slow_steps": "other slow steps",
+             "host_gaps": "host gaps", "validation": "validation", "epoch_ends": "epoch ends"}
+    parts = [f"{label} {times[name]:.2f} s" + (f" (input wait {times['input_wait']:.2f} s)"
+                                              if name == "steps" and times["input_wait"] >= 0.001 else "")
+             for name, label in names.items() if abs(times[name]) >= 0.001]
+    unaccounted = times["unaccounted"]
+    tail = f"; {unaccounted:.2f} s in none of them" if abs(unaccounted) >= max(0.001, 0.02 * times["fit"]) else ""
+    return f"{times['fit']:.2f} s: " + ", ".join(parts) + tail
+
+
+def _slow_steps(counts: dict[str, int], steps: list[dict[str, Any]]) -> str:
+    """How many steps were far above the median, and the longest three with their cause."""
+    why = {"recompile": "new input shapes, compiled again", "input": "waited for input",
+           "unknown": "cause not seen (load, garbage collection, a retrace)"}
+    listed = "; ".join(f"step {step['step']} {step['duration_s'] * 1e3:.0f} ms, {why.get(step['cause'], step['cause'])}"
+                       for step in steps[:3])
+    return f"{sum(counts.values())} far above the median: {listed}" + ("; ..." if sum(counts.values()) > 3 else "")
 
 
 def _utilization(gpu: dict[str, Any]) -> str:

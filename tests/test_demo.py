@@ -18,15 +18,16 @@ def test_the_input_bound_pipeline_gets_the_findings_its_tuned_twin_fixes():
     assert {code: f.severity for code, f in tuned.items()} == {"PIPELINE_PY_FUNCTION": "info"}
 
 
-def test_the_closing_line_puts_the_prediction_beside_the_speedup_achieved():
-    def run(name, median_ms, findings):
-        return {"run": f"{name}/rnnmon", "step_ms": {"median": median_ms}, "findings": findings}
+def test_the_closing_line_puts_the_prediction_beside_the_training_time_achieved():
+    def run(name, training_s, findings):
+        return {"run": f"{name}/rnnmon", "time_s": {"training": training_s}, "findings": findings}
 
     bound = {"code": "INPUT_BOUND", "speedup": 2.6}
-    report = {"runs": [run("input_bound", 31.0, [{"code": "PIPELINE_SERIAL_MAP"}, bound]), run("tuned", 10.0, [])]}
+    report = {"runs": [run("input_bound", 7.8, [{"code": "PIPELINE_SERIAL_MAP"}, bound]), run("tuned", 2.5, [])]}
     assert demo.predicted_vs_achieved(report) == (
-        "\nPredicted by INPUT_BOUND: up to 2.6x shorter steps; achieved by the tuned run: 3.1x shorter median step.")
+        "\nPredicted by INPUT_BOUND: 3.0 s instead of 7.8 s after the warm-up, 2.60x; achieved: the tuned run took "
+        "2.5 s after its warm-up: 3.12x.")
     report["runs"][0]["findings"] = []
     assert demo.predicted_vs_achieved(report) == (
-        "\nAchieved: 3.1x shorter median step (no measured finding predicted one).")
+        "\nAchieved: the tuned run took 2.5 s after its warm-up: 3.12x (no measured finding predicted one).")
     assert demo.predicted_vs_achieved({"runs": report["runs"][:1]}) == ""  # the tuned run is missing

@@ -9,6 +9,8 @@ latest fit's seconds over all the run's steps.
 Example:
     >>> callback_ms_per_step(run)
     {'Sleeper': 50.21, 'History': 0.0021}
+    >>> callback_hooks_s(run)                 # the same time in seconds, summed over the fits
+    {'Sleeper': 15.063, 'History': 0.0006}
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ from rnnmon.format.reader import RunData
 
 def callback_ms_per_step(run: RunData) -> dict[str, float]:
     """Milliseconds per step in each callback class's batch hooks; {} where no fit timed them."""
+    seconds, steps = _totals(run)
+    return {name: round(1e3 * total / max(steps, 1), 4) for name, total in seconds.items()}
+
+
+def callback_hooks_s(run: RunData) -> dict[str, float]:
+    """Seconds in each callback class's batch hooks, summed over the fits that timed them; {} where none did."""
+    return {name: round(total, 4) for name, total in _totals(run)[0].items()}
+
+
+def _totals(run: RunData) -> tuple[dict[str, float], int]:
+    """Seconds per callback class over the fits that timed them, and the steps that time covers."""
     timed = [info for info in run.fit_infos if isinstance(info.get("callback_hooks_s"), dict)]
     if all("callback_steps" in info for info in timed):
         steps = sum(info["callback_steps"] for info in timed)
@@ -29,7 +42,7 @@ def callback_ms_per_step(run: RunData) -> dict[str, float]:
     for info in timed:
         for name, seconds in _numbers(info["callback_hooks_s"]).items():
             totals[name] = totals.get(name, 0.0) + seconds
-    return {name: round(1e3 * seconds / max(steps, 1), 4) for name, seconds in totals.items()}
+    return totals, steps
 
 
 def _numbers(hooks: dict[str, Any]) -> dict[str, float]:

@@ -6,14 +6,12 @@ pipeline. The share leaves out the steps with the longest waits (the 2 longest, 
 run): a handful of early waits (a shuffle buffer filling, a first file opening) must not make a run
 input-bound, while a stall that recurs every few steps still does.
 
-The speed-up that removing the wait can give is predicted on medians, as the report compares runs: the median
-step over the median of the same steps less their wait beyond the floor. A sum would let the slowest steps
-(a loaded machine's compute spikes) dilute the share and understate it.
+What removing the wait gives is predicted on the fit's training time (rnnmon.analysis.fit_time.training_without):
+the fit after its warm-up, less the whole wait beyond the floor.
 
 Example:
     >>> excess = pipeline_wait_s(wait_s, batches, floor_s=0.0004)
     >>> robust_share(excess, step_s)          # 0.41: 41% of step time waits for the pipeline
-    >>> median_speedup(excess, step_s)        # 1.72: the median step, 1.72x shorter without that wait
 """
 
 from __future__ import annotations
@@ -51,13 +49,3 @@ def _smallest(values: np.ndarray, count: int) -> np.ndarray:
     keep = values < cut
     keep[np.flatnonzero(values == cut)[: count - int(keep.sum())]] = True
     return keep
-
-
-def median_speedup(part_s: np.ndarray, whole_s: np.ndarray) -> float | None:
-    """median(whole) / median(whole - part) over the steps: how much shorter the median step gets without
-    `part`, if the rest of each step stays as measured; None without steps."""
-    part_s = np.nan_to_num(part_s)
-    if not len(whole_s):
-        return None
-    rest = float(np.median(np.maximum(whole_s - part_s, 0.0)))
-    return round(float(np.median(whole_s)) / max(rest, 1e-6), 2)

@@ -3,6 +3,9 @@
 Fractions are of training wall time: step time + host gaps + evaluation and epoch-end phases. Each fit's
 first step (tracing, iterator creation) is its warm-up: counted in `steps`, reported as `warmup_s`, left out
 of everything else. The verdict (rnnmon.analysis.verdict) uses shares of step time (step + host gap).
+`time_s` accounts for the fits' whole wall time, warm-up included, part by part, and `slow_steps` names the
+steps far above the median (rnnmon.analysis.fit_time). `training_without_s` is the quantity every measured
+finding's speed-up predicts: the fits' training time (wall time after the warm-up) without one cause.
 
 Where the input pipeline caches (`input_cache`), the first epoch of each fit fills the cache and waits for what
 comes before it; with later epochs to judge, the input share, its speed-up and the verdict are theirs, and the
@@ -21,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from rnnmon.analysis.callback_time import callback_ms_per_step
+from rnnmon.analysis.callback_time import callback_hooks_s, callback_ms_per_step
+from rnnmon.analysis.fit_time import fit_time, training_without
 from rnnmon.analysis.imbalance import device_imbalance
-from rnnmon.analysis.input_share import median_speedup, pipeline_wait_s, robust_share
+from rnnmon.analysis.input_share import pipeline_wait_s, robust_share
 from rnnmon.analysis.measured import measured_findings, summary_line
 from rnnmon.analysis.pipeline_context import in_measured_context
 from rnnmon.analysis.verdict import verdict
-from rnnmon.findings import Finding, rank_findings
+from rnnmon.findings import Finding, rank_findings, training_speedup
 from rnnmon.format import schema
 from rnnmon.format.reader import RunData
 
@@ -87,10 +91,9 @@ def summarize(run: RunData) -> dict[str, Any]:
         "distributed_split_ms": run.info.get("distributed_split_ms"),  # of the floor: tf.distribute's split
         "partial_batch_ms": run.info.get("partial_batch_ms"),  # of the split: the partial-batch check
         "callback_ms_per_step": callback_ms_per_step(run),
+        "callback_hooks_s": callback_hooks_s(run),
         "shares": {"input": robust_share(beyond_floor_s[judged], step_with_gap_s[judged]) if measured else None,
                    "host": _ratio(gap.sum(), step_total)},
-        "input_speedup": median_speedup(beyond_floor_s[judged], step_with_gap_s[judged]) if measured
-        else None,  # the median step over the median step less its wait beyond the fetch floor
         "input_cache": cache,
         "cache_fill": _cache_fill(cache, beyond_floor_s[filling], step_with_gap_s[filling]) if split
         else None,  # the first epoch of each fit, judged apart: it filled the cache
@@ -98,6 +101,14 @@ def summarize(run: RunData) -> dict[str, Any]:
         "errors": run.errors,
         "notes": run.notes,
     }
+    summary["time_s"], summary["slow_step_count"], summary["slow_steps"] = fit_time(
+        run.steps, run.phases, run.shapes, floor_s)
+    summary["training_without_s"] = training_without(
+        summary["time_s"], float(np.nansum(beyond_floor_s[judged])) if measured else None,
+        summary["callback_hooks_s"])  # with a cache, the wait of the epochs after the first: CACHE_FILL has the rest
+    without_wait = summary["training_without_s"]["input_wait"]
+    summary["input_speedup"] = (None if without_wait is None
+                                else training_speedup(summary["time_s"]["training"], without_wait))
     input_wait_s = (summary["shares"]["input"] or 0.0) * step_total  # beyond the fetch floor, robust
     summary["verdict"] = verdict(len(duration), input_wait_s, gap.sum(), step_total)
     recorded = in_measured_context([Finding(**f) for f in run.findings if isinstance(f, dict) and _is_finding(f)],

@@ -11,6 +11,9 @@ JAX backend: Keras calls `next(iterator)` in Python inside `train_function(state
 hands it the same iterator behind a proxy that times each `next`. torch backend: the epoch loop fetches the
 batch before `on_train_batch_begin`; `EpochIteratorTiming` puts the same proxy around its data iterator.
 
+Each step also reports the shapes of its first batch's arrays (`batch_shapes`, a few µs), so that a step that
+compiled again for a new input shape (a partial last batch, a new sequence length) can be named.
+
 Example:
     >>> wrap_train_function(model, on_wait=lambda seconds, batches: ..., on_error=lambda error: ...)
     >>> model.fit(dataset)                    # each call of model.train_function reports its wait
@@ -30,11 +33,33 @@ from typing import Any
 _ORIGINAL = "__rnnmon_original__"
 
 
-def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
+Shapes = tuple[tuple[int | None, ...] | None, ...]  # one entry per array of a batch, in order
+
+
+def batch_shapes(batch: Any) -> Shapes:
+    """The shapes of the arrays in `batch` (nested tuples, lists and dicts), in order; None for a leaf without one."""
+    leaves: list[tuple[int | None, ...] | None] = []
+    pending = [batch]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, (tuple, list)):
+            pending.extend(reversed(item))
+        elif isinstance(item, dict):
+            pending.extend(item[key] for key in sorted(item, key=str, reverse=True))
+        else:
+            try:
+                leaves.append(tuple(item.shape))
+            except (AttributeError, TypeError, ValueError):  # no shape, or an unknown rank
+                leaves.append(None)
+    return tuple(leaves)
+
+
+def wrap_train_function(model: Any, on_wait: Callable[[float, int, Shapes | None], None],
                         on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool],
                         on_first_batch: Callable[[Any, Any], None] | None = None) -> None:
     """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit).
 
+    `on_wait(seconds, batches, shapes)` gets each step's wait, batch count and first batch's shapes.
     `on_first_batch` gets the first batch the wrapper fetched and the iterator it came from, before the step runs
     on it.
 
@@ -62,7 +87,8 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int], None],
         try:
             start = clock()
             batches = list(itertools.islice(iterator, per_execution))
-            on_wait(clock() - start, len(batches))
+            waited = clock() - start
+            on_wait(waited, len(batches), batch_shapes(batches[0]) if batches else None)
             if not batches:
                 raise StopIteration
             if "first batch" in pending:
@@ -102,7 +128,7 @@ def _closure(function: Any) -> dict[str, Any]:
     return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
 
 
-def wrap_jax_train_function(model: Any, on_wait: Callable[[float, int], None],
+def wrap_jax_train_function(model: Any, on_wait: Callable[[float, int, Shapes | None], None],
                             on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool]) -> None:
     """Replace `model.train_function(state, iterator)` with one that times every `next(iterator)` it makes."""
     unwrap_train_function(model)
@@ -119,7 +145,7 @@ def wrap_jax_train_function(model: Any, on_wait: Callable[[float, int], None],
         except BaseException as error:
             on_error(error)
             raise
-        on_wait(timed.waited_s, timed.batches)
+        on_wait(timed.waited_s, timed.batches, timed.shapes)
         return result
 
     setattr(timed_train_function, _ORIGINAL, original)
@@ -134,14 +160,15 @@ def _step_aside(model: Any, wrapper: Callable, original: Callable) -> Callable:
 
 
 class _TimedIterator:
-    """Passes batches through, adding up the time each `next` took."""
+    """Passes batches through, adding up the time each `next` took; `shapes` are the first batch's."""
 
-    __slots__ = ("_iterator", "batches", "waited_s")
+    __slots__ = ("_iterator", "batches", "shapes", "waited_s")
 
     def __init__(self, iterator: Any) -> None:
         self._iterator = iterator
         self.batches = 0
         self.waited_s = 0.0
+        self.shapes: Shapes | None = None
 
     def __iter__(self) -> _TimedIterator:
         return self
@@ -149,10 +176,13 @@ class _TimedIterator:
     def __next__(self) -> Any:
         start = time.perf_counter()
         try:
-            return next(self._iterator)
+            batch = next(self._iterator)
         finally:
             self.waited_s += time.perf_counter() - start
             self.batches += 1
+        if self.shapes is None:
+            self.shapes = batch_shapes(batch)
+        return batch
 
 
 class EpochIteratorTiming:
@@ -172,12 +202,12 @@ class EpochIteratorTiming:
 
         epoch_iterator._get_iterator = timed_iterator
 
-    def take(self) -> tuple[float, int]:
-        """(seconds waited, batches fetched) since the last call."""
+    def take(self) -> tuple[float, int, Shapes | None]:
+        """(seconds waited, batches fetched, the first one's shapes) since the last call."""
         timed = self._timed
-        waited, batches = timed.waited_s, timed.batches
-        timed.waited_s, timed.batches = 0.0, 0
-        return waited, batches
+        taken = timed.waited_s, timed.batches, timed.shapes
+        timed.waited_s, timed.batches, timed.shapes = 0.0, 0, None
+        return taken
 
 
 def unwrap_train_function(model: Any) -> None:

@@ -40,6 +40,7 @@ class Recorder:
         self._offset = wall_offset_s
         self._steps: collections.deque[StepRow] = collections.deque()
         self._phases: collections.deque[tuple[int, float, float]] = collections.deque()
+        self._shapes: collections.deque[tuple[int, float, Any]] = collections.deque()
         self._intervals = PhaseIntervals()
         devices = sampler.describe() if sampler else []
         self._device_info = {d["index"]: d for d in devices}
@@ -64,18 +65,25 @@ class Recorder:
         if end > start:
             self._phases.append((schema.PHASE_KINDS.index(kind), start, end))
 
+    def add_shapes(self, step: int, begin: float, shapes: tuple) -> None:
+        """The step beginning at `begin` is the first of the fit with these input shapes (rare: a few per fit)."""
+        self._shapes.append((step, begin, shapes))
+
     # --- background thread (or the training thread once the background thread has stopped) ---------------
     def flush(self, horizon: float, final: bool = False) -> None:
         """Write everything buffered; gaps are closed up to `horizon` (all of them when `final`)."""
         with self._lock:
             steps = _drain(self._steps)
             phases = _drain(self._phases)
+            shapes = _drain(self._shapes)
             util, stats, host = self._sampler.drain() if self._sampler else ({}, {}, [])
             self._remember_intervals(steps, phases)
             gaps = self._find_gaps(util, horizon, final)
             chunk = {"steps": steps, "phases": phases, "util": util, "stats": stats, "host": host, "gaps": gaps,
                      "fetch_floor_s": self.fetch_floor_s}
             self._write(chunk)
+            if shapes:
+                self._writer.json(schema.SHAPES_TAG, [_shape_record(row, self._offset) for row in shapes])
             if self._on_chunk is not None:
                 self._on_chunk(chunk)
             self._writer.flush()
@@ -163,6 +171,13 @@ class Recorder:
                 self._writer.scalar("rnnmon/input_wait_fraction", float(np.nansum(rows[:, 4]) / 1e3 / total),
                                     step)
             self._writer.scalar("rnnmon/host_gap_fraction", float(gap.sum() / total), step)
+
+
+def _shape_record(row: tuple[int, float, Any], offset: float) -> dict[str, Any]:
+    step, begin, shapes = row
+    return {"step": step, "time": begin + offset,
+            "shapes": [None if shape is None else [size if isinstance(size, int) else None for size in shape]
+                       for shape in shapes]}
 
 
 def _drain(queue: collections.deque) -> list:

@@ -71,6 +71,7 @@ class RunData:
     devices: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     findings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     alerts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    shapes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # {"step", "time", "shapes"}
     last_write: float = 0.0
     errors: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # read, but worth knowing: files that overlap
@@ -376,7 +377,7 @@ class RunReader:
             if not isinstance(doc, list):
                 raise InvalidRecord(f"a {type(doc).__name__} where a JSON list belongs")
             for item in doc:
-                (_check_finding if tag == schema.FINDINGS_TAG else _check_alert)(item)
+                _DOCUMENT_CHECKS[tag](item)
         bisect.insort(self._documents.setdefault(tag, []), (step, doc), key=lambda pair: pair[0])
 
     def _error(self, message: str) -> None:
@@ -416,6 +417,7 @@ class RunReader:
         findings = self._documents.get(schema.FINDINGS_TAG, [])
         out.findings = findings[-1][1] if findings else []
         out.alerts = [alert for _, chunk in self._documents.get(schema.ALERTS_TAG, []) for alert in chunk]
+        out.shapes = [record for _, chunk in self._documents.get(schema.SHAPES_TAG, []) for record in chunk]
         for tag, table in self._tables.items():
             device = schema.device_of(tag)
             if device is not None:
@@ -436,7 +438,7 @@ _DOCUMENT, _IGNORED, _BAD_DEVICE = -1, -2, -3
 @functools.lru_cache(maxsize=1024)
 def _table_width(tag: str) -> int:
     """The column count of `tag`'s table, or what else the tag is: a document, unknown, a malformed device tag."""
-    if tag in (schema.RUN_TAG, schema.FINDINGS_TAG, schema.ALERTS_TAG):
+    if tag == schema.RUN_TAG or tag in _DOCUMENT_CHECKS:
         return _DOCUMENT
     columns = schema.columns_for(tag)
     if columns is None:
@@ -628,3 +630,18 @@ def _check_alert(item: Any) -> None:
     device = item.get("device")
     if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
         raise InvalidRecord("alert field 'device' is not an integer")
+
+
+def _check_shape(item: Any) -> None:
+    """{"step", "time", "shapes"}: a step number, Unix seconds, and a list of shapes (lists of sizes or None)."""
+    if not isinstance(item, dict) or not _is_number(item.get("step")) or not _is_number(item.get("time")):
+        raise InvalidRecord(f"an input shape record without a step and a time: {str(item)!r:.60}")
+    shapes = item.get("shapes")
+    if not isinstance(shapes, list) or not all(
+            shape is None or (isinstance(shape, list) and all(size is None or _is_number(size) for size in shape))
+            for shape in shapes):
+        raise InvalidRecord(f"input shapes that are not lists of sizes: {str(shapes)!r:.60}")
+
+
+_DOCUMENT_CHECKS = {schema.FINDINGS_TAG: _check_finding, schema.ALERTS_TAG: _check_alert,
+                    schema.SHAPES_TAG: _check_shape}

@@ -35,6 +35,7 @@ HOST_TAG = "rnnmon/host"
 GAPS_TAG = "rnnmon/gaps"
 FINDINGS_TAG = "rnnmon/findings"  # JSON string: the latest list of findings
 ALERTS_TAG = "rnnmon/alerts"  # JSON string: alert records, appended per chunk
+SHAPES_TAG = "rnnmon/shapes"  # JSON string: the steps whose batch had an input shape new to the fit, per chunk
 UTIL_TAG_PREFIX = "rnnmon/util/gpu"  # + NVML index
 STATS_TAG_PREFIX = "rnnmon/stats/gpu"  # + NVML index
 

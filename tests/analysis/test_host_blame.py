@@ -35,3 +35,51 @@ def test_host_bound_names_the_slow_callback_and_its_cost(tmp_path):
     assert summary["callback_ms_per_step"]["SlowAfterEachStep"] > 3.5  # a 4 ms sleep (longer on a busy host)
     assert finding["speedup"] > 1
     assert "on_train_batch_end" not in vars(slow)  # the timing is removed after the fit
+
+
+def _sleeps_in_its_hooks():
+    """Host work every 10th batch in both batch hooks (a remote logger, a metric on a held-out sample)."""
+    import keras
+
+    class SleepsInItsHooks(keras.callbacks.Callback):
+        slept_s = 0.0
+
+        def _sleep(self):
+            start = time.perf_counter()
+            time.sleep(0.02)
+            self.slept_s += time.perf_counter() - start
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch % 10 == 4:
+                self._sleep()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch % 10 == 9:
+                self._sleep()
+
+    return SleepsInItsHooks()
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_a_callbacks_hooks_are_host_time_wherever_the_monitor_sits(tmp_path):
+    """Before or after the monitor, a callback's hooks lie between steps: they used to count as step time when
+    listed before it (end hook) or after it (begin hook), and the run was called compute-bound."""
+    import tensorflow as tf
+
+    x, y = sequences(60)
+    model = tiny_model()
+    results = {}
+    for order in ("monitor_first", "monitor_last", "monitor_first_again"):  # one model: traced once
+        sleeper, monitor = _sleeps_in_its_hooks(), UtilizationMonitor(str(tmp_path / order), audit=False)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).prefetch(2)
+        model.fit(dataset, epochs=1, verbose=0,
+                  callbacks=[monitor, sleeper] if order.startswith("monitor_first") else [sleeper, monitor])
+        summary = summarize(read_run(str(tmp_path / order)))
+        host_s = summary["time_s"]["host_gaps"]
+        assert 0.9 * sleeper.slept_s <= host_s <= sleeper.slept_s + 0.2, (order, host_s, sleeper.slept_s)
+        assert summary["verdict"] == "host-bound", (order, summary["shares"])
+        assert "The batch hooks of SleepsInItsHooks take" in next(
+            f["message"] for f in summary["findings"] if f["code"] == "HOST_BOUND")
+        results[order] = summary
+    shares = [results[order]["shares"]["host"] for order in results]
+    assert max(shares) <= 1.25 * min(shares), shares

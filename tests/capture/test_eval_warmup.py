@@ -46,3 +46,29 @@ def test_idle_gap_that_is_mostly_warmup_is_no_alert():
     assert [(e.rule, e.state, e.start) for e in events] == [("idle_gap", "firing", 20.0),
                                                             ("idle_gap", "resolved", 20.0)]
     np.testing.assert_allclose([e.value for e in events], [2.0, 2.0])
+
+
+@pytest.mark.usefixtures("no_nvml")
+def test_validation_lasts_until_the_epoch_ends_and_epoch_end_hooks_are_no_validation(tmp_path):
+    """`evaluate()` goes on after `on_test_end` (on TensorFlow it frees its iterator there, about a second): that is
+    validation's time, wherever the monitor sits; a callback's `on_epoch_end` (a checkpoint) is the epoch's end."""
+    import time
+
+    import keras
+
+    from rnnmon.analysis.summary import summarize
+
+    class AfterTestEnd(keras.callbacks.Callback):  # after the monitor: its on_test_end runs once the monitor's has
+        def on_test_end(self, logs=None):
+            time.sleep(0.3)
+
+    class AtEpochEnd(keras.callbacks.Callback):  # before the monitor: its on_epoch_end runs before the monitor's
+        def on_epoch_end(self, epoch, logs=None):
+            time.sleep(0.2)
+
+    x, y = sequences(12)
+    tiny_model().fit(x[:256], y[:256], validation_data=(x[256:], y[256:]), epochs=2, batch_size=32, verbose=0,
+                     callbacks=[AtEpochEnd(), UtilizationMonitor(str(tmp_path), audit=False), AfterTestEnd()])
+    times = summarize(read_run(str(tmp_path)))["time_s"]
+    assert 0.6 <= times["validation"] < 0.6 + 0.3, times  # two validations of 4 batches, each 0.3 s after its end
+    assert 0.4 <= times["epoch_ends"] < 0.4 + 0.3, times

@@ -48,6 +48,7 @@ def _healthy_run(run_dir: str) -> None:
         writer.table(schema.GAPS_TAG, [[0, times[1], times[2], 0], [0, times[4], times[5], 1]])
         writer.table(schema.HOST_TAG, [[times[0], 40.0]])
         writer.json(schema.ALERTS_TAG, [{"rule": "idle_gap", "device": 0, "state": "firing", "start": times[1]}])
+        writer.json(schema.SHAPES_TAG, [{"step": int(steps[0, 0]), "time": steps[0, 2], "shapes": [[32, 16], None]}])
         writer.flush()
     writer.table(schema.PHASES_TAG, [[0, T0 + 3, T0 + 3.5]])
     writer.json(schema.FINDINGS_TAG, [{"code": "INPUT_BOUND", "severity": "warning", "where": "x", "message": "m",
@@ -94,8 +95,8 @@ def _mutate_event(rng: random.Random, record: bytes) -> bytes:
             tensor.double_val[:] = [rng.choice((0.0, float("nan"), float("inf"), -1.0, 1e308))]
         else:
             value.tag = rng.choice((schema.STEPS_TAG, schema.GAPS_TAG, schema.PHASES_TAG, schema.HOST_TAG,
-                                    schema.RUN_TAG, schema.ALERTS_TAG, "rnnmon/util/gpu", "rnnmon/stats/gpu-1",
-                                    "rnnmon/util/gpu99"))
+                                    schema.RUN_TAG, schema.ALERTS_TAG, schema.SHAPES_TAG, "rnnmon/util/gpu",
+                                    "rnnmon/stats/gpu-1", "rnnmon/util/gpu99"))
     return event.SerializeToString()
 
 

@@ -180,6 +180,8 @@ def test_a_live_writers_half_written_record_is_not_an_error_yet(tmp_path):
      _text(json.dumps([{"code": "X", "severity": "fatal", "where": "", "message": "", "advice": ""}])), "severity"),
     (schema.ALERTS_TAG, _text('["firing"]'), "not a JSON object"),
     (schema.ALERTS_TAG, _text('[{"rule": "idle_gap", "start": "soon"}]'), "start"),
+    (schema.SHAPES_TAG, _text('[{"step": 3, "time": "soon", "shapes": []}]'), "input shape"),
+    (schema.SHAPES_TAG, _text('[{"step": 3, "time": 1.0, "shapes": [[32, "x"]]}]'), "input shapes"),
     (schema.GAPS_TAG, _double(np.array([[0, T0, T0 + 1, np.nan]])), "cause"),
     (schema.PHASES_TAG, _double(np.array([[7, T0, T0 + 1]])), "kind"),
     (schema.STEPS_TAG, _double(np.array([[1, 0, T0, T0 + 1, 0, 0, np.nan]])), "batch"),
