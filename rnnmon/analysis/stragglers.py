@@ -114,7 +114,7 @@ def _straggler(rows: list[dict[str, Any]]) -> list[Finding]:
         theirs = statistics.median(row[key] or 0.0 for row in others)
         cause = kind if stall >= compute else cause
         parts.append(f"{worst['worker']} spends a median {worst[key] or 0.0:.2f} ms of each step on {kind} against "
-                     f"{theirs:.2f} ms on the other workers: {stall:.2f} ms a step of stall beyond theirs")
+                     f"{theirs:.2f} ms on the other workers")
     if compute > 0:
         theirs = statistics.median(row["gpu_idle_fraction"] for row in others
                                    if row["gpu_idle_fraction"] is not None)
