@@ -46,7 +46,7 @@ from rnnmon.capture.profiling import ProfileCapture
 from rnnmon.capture.recorder import Recorder
 from rnnmon.capture.ticker import Ticker
 from rnnmon.capture.trials import Trial, tuner_trial
-from rnnmon.capture.workers import worker_name
+from rnnmon.capture.workers import jax_worker_name, worker_name
 from rnnmon.findings import Finding, sort_findings
 from rnnmon.format import schema
 from rnnmon.format.run_lock import RunLock
@@ -113,12 +113,13 @@ class UtilizationMonitor(keras.callbacks.Callback):
         prometheus_addr: The address the endpoint binds to. Defaults to `"127.0.0.1"` (this machine only).
         prometheus_job: The `job` label of every series. Defaults to `"rnnmon"`.
 
-    In multi-worker training (`TF_CONFIG`, or JAX with several processes) each worker writes to its own run,
-    `log_dir/worker-<index>/rnnmon` (`chief-0`, `ps-0`, ... by task type). A `TF_CONFIG` task that cannot name
-    such a folder (`../../x`) is refused with one ERROR; the process then records in `log_dir/rnnmon`. In a
-    KerasTuner search each trial writes to its own run, `log_dir/trial_<id>/rnnmon`: pass the monitor in
-    `tuner.search(..., callbacks=[...])`; KerasTuner gives each trial a copy (`copy.deepcopy`), a fresh monitor
-    with the same settings.
+    In multi-worker training (`TF_CONFIG`, torchrun's `RANK`/`WORLD_SIZE`, or JAX with several processes) each
+    worker writes to its own run, `log_dir/worker-<index>/rnnmon` (`chief-0`, `ps-0`, ... by task type). Building
+    the monitor starts no framework runtime: build it before or after `jax.distributed.initialize()`. A
+    `TF_CONFIG` task that cannot name such a folder (`../../x`) is refused with one ERROR; the process then
+    records in `log_dir/rnnmon`. In a KerasTuner search each trial writes to its own run,
+    `log_dir/trial_<id>/rnnmon`: pass the monitor in `tuner.search(..., callbacks=[...])`; KerasTuner gives each
+    trial a copy (`copy.deepcopy`), a fresh monitor with the same settings.
 
     Its place in the callbacks list does not matter: every callback's batch hooks count as host time between
     steps, wherever it sits.
@@ -150,7 +151,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         _require(prometheus_port is None or (isinstance(prometheus_port, int) and 0 <= prometheus_port < 65536),
                  "prometheus_port", prometheus_port, "None or a port number in [0, 65535]")
         self.log_dir = log_dir
-        self.worker = worker_name()
+        self.worker = worker_name()  # from the environment only; JAX's process index is asked at the fit's start
         self.run_dir = self._run_dir(None)
         self.devices = devices
         self.sample_interval_s = sample_interval_s
@@ -217,6 +218,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         for stale in [m for m in _RUNNING if m is self or m.model is self.model]:
             stale._finish("aborted")  # its fit raised before on_train_end
         self._scope = scope
+        if self.worker is None and keras.backend.backend() == "jax":  # the fit has started JAX's runtime
+            self.worker = jax_worker_name()
         fit = scope.call()
         self._trial = tuner_trial(fit.callbacks.callbacks) if fit is not None else None
         self.run_dir = self._run_dir(self._trial)

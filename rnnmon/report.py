@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 from typing import Any
 
-from rnnmon.analysis.stragglers import compare_workers
+from rnnmon.analysis.stragglers import compare_workers, worker_of
 from rnnmon.analysis.summary import gap_list, summarize
 from rnnmon.analysis.trials import compare_trials
 from rnnmon.analysis.verdict import label
@@ -47,14 +48,27 @@ def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
 
 
 def compare(summaries: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The slowest and the fastest run by median step time, and the speedup between them."""
-    timed = [s for s in summaries if s["step_ms"]["median"] and s["verdict"] != "insufficient-data"]
-    if len(timed) < 2:
+    """The slowest and the fastest of two or more different runs by median step time, and the speedup between
+    them; None when fewer than two can be told apart.
+
+    The workers of one multi-worker job are not different runs: they share every step, so they count as one, the
+    job (`<job>/* (<n> workers)`, its workers' median step). Runs whose medians tie give no speedup.
+    """
+    steps: dict[tuple[str, bool], list[float]] = {}  # (run or job, a job's workers) -> median steps
+    for summary in summaries:
+        if summary["step_ms"]["median"] and summary["verdict"] != "insufficient-data":
+            worker = worker_of(summary["run"])
+            key = (summary["run"], False) if worker is None else (worker[0], True)
+            steps.setdefault(key, []).append(summary["step_ms"]["median"])
+    medians = {f"{name}/* ({len(values)} workers)" if job else name: statistics.median(values)
+               for (name, job), values in steps.items()}
+    if len(medians) < 2:
         return None
-    slow = max(timed, key=lambda s: s["step_ms"]["median"])
-    fast = min(timed, key=lambda s: s["step_ms"]["median"])
-    return {"slowest": slow["run"], "fastest": fast["run"],
-            "speedup": round(slow["step_ms"]["median"] / fast["step_ms"]["median"], 2)}
+    slow = max(medians, key=lambda name: medians[name])
+    fast = min(medians, key=lambda name: medians[name])
+    if medians[slow] <= medians[fast]:
+        return None
+    return {"slowest": slow, "fastest": fast, "speedup": round(medians[slow] / medians[fast], 2)}
 
 
 def render_text(report: dict[str, Any], all_gaps: bool = False) -> str:

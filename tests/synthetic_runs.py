@@ -24,11 +24,11 @@ STEP_S, WAIT_S, SAMPLE_S = 0.020, 0.006, 1 / 6
 
 def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: int = 1, status: str = "finished",
                   dip_at: int | None = None, samples_per_chunk: int = 12, start: float | None = None,
-                  wait_s: float = WAIT_S, info: dict | None = None) -> None:
+                  wait_s: float = WAIT_S, info: dict | None = None, step_s: float = STEP_S) -> None:
     """A run on `gpus` fake GPUs: each chunk holds steps, utilization samples, SM activity and an idle gap.
 
     `dip_at`: index of the single utilization sample (GPU 0) that reads 0%; all others read 60-95%.
-    `wait_s`: the median input wait of a step (of a 20 ms step).
+    `wait_s`: the median input wait of a step. `step_s`: a step and its host gap (90% and 10% of it).
     `info`: more fields of the run description (e.g. a KerasTuner `trial`).
     """
     writer = SummaryWriter(run_dir)
@@ -37,11 +37,11 @@ def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: 
                                  "backend": "tensorflow", "input_wait": "measured", "idle_pct": 5.0})
     rng = np.random.default_rng(0)
     step, sample = 0, 0
-    chunk_s = max(steps_per_chunk * STEP_S, samples_per_chunk * SAMPLE_S)
+    chunk_s = max(steps_per_chunk * step_s, samples_per_chunk * SAMPLE_S)
     for chunk in range(chunks):
-        begin = t + chunk * chunk_s + np.arange(steps_per_chunk) * STEP_S
+        begin = t + chunk * chunk_s + np.arange(steps_per_chunk) * step_s
         wait_ms = 1e3 * wait_s * rng.uniform(0.5, 1.5, steps_per_chunk)
-        rows = [(step + i + 1, chunk // 10, b, b + STEP_S * 0.9, w, 1e3 * STEP_S * 0.1 if step + i else np.nan, 1)
+        rows = [(step + i + 1, chunk // 10, b, b + step_s * 0.9, w, 1e3 * step_s * 0.1 if step + i else np.nan, 1)
                 for i, (b, w) in enumerate(zip(begin, wait_ms))]
         writer.table(schema.STEPS_TAG, rows)
         step += steps_per_chunk

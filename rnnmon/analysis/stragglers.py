@@ -1,10 +1,15 @@
 """Workers of one multi-worker job side by side, and `STRAGGLER`: the worker that holds the others back.
 
 A worker's run is `<job>/worker-<index>/rnnmon` (see rnnmon.capture.workers). In synchronous training every worker
-waits for the slowest at each all-reduce, so all of them end up with about the same step time; the straggler
-is the one whose own stall per step (input wait + host gap) is far above the others', or, with no such stall,
-whose GPU idles far less than theirs (it computes longer per step). The difference is how long every step of
-the other workers waits for it; `speedup` is the Amdahl bound of removing it from the job's step.
+waits for the slowest at each all-reduce, so all of them end up with about the same step time, the job's step. What
+the whole job waits for one worker each step is measured as:
+- its stall beyond the others': its median input wait plus host gap, less the other workers' median of the same;
+- plus, with GPU data, its extra compute: its GPU idles less than theirs (they idle while waiting for it), by that
+  share of the job's step.
+`STRAGGLER` fires when that time reaches `EXCESS_SHARE` (5%) of the job's step (the other workers' median step;
+at least `MIN_EXCESS_MS`). It is compared with the job's step, not with the others' step less their wait: the
+others' step already holds their wait for the straggler, so the worse it is, the larger the job's step, and the
+share is what removing it saves. `speedup` is the Amdahl bound of removing it from the job's step.
 
 Example:
     >>> groups = compare_workers([summarize(run) for run in runs.values()])
@@ -20,9 +25,9 @@ from typing import Any
 from rnnmon.findings import Finding, amdahl
 from rnnmon.format import schema
 
-MIN_EXCESS_MS = 1.0  # a stall difference below this is noise
-EXCESS_SHARE = 0.20  # ... and so is one below this share of the others' median step
-IDLE_SPREAD = 0.20  # GPU idle share below the others' by this much: a compute straggler
+MIN_EXCESS_MS = 1.0  # a wait below this is noise
+EXCESS_SHARE = 0.05  # the job waits this share of its step for one worker: a straggler
+IDLE_NOISE = 0.05  # GPU idle shares closer than this are not told apart (sampling, gaps below min_gap_ms)
 
 _ADVICE = {
     "input wait": ("Speed up this worker's input pipeline: check its data source (a slower disk or network "
@@ -75,40 +80,51 @@ def _row(worker: str, summary: dict[str, Any]) -> dict[str, Any]:
             "gpu_idle_fraction": round(sum(idle) / len(idle), 4) if idle else None}
 
 
-def _straggler(rows: list[dict[str, Any]]) -> list[Finding]:
-    def stall(row: dict[str, Any]) -> float:
-        return (row["input_wait_ms"] or 0.0) + row["host_gap_ms"]
+def _stall(row: dict[str, Any]) -> float:
+    return (row["input_wait_ms"] or 0.0) + row["host_gap_ms"]
 
-    worst = max(rows, key=stall)
-    others = [row for row in rows if row is not worst]
+
+def _waits(worst: dict[str, Any], others: list[dict[str, Any]]) -> tuple[float, float, float]:
+    """(the job's step, `worst`'s stall beyond the others', its extra compute) in ms a step, as measured."""
     step = statistics.median(row["step_ms"] for row in others)
-    excess = stall(worst) - statistics.median(stall(row) for row in others)
-    if excess >= max(MIN_EXCESS_MS, EXCESS_SHARE * step):
+    stall = _stall(worst) - statistics.median(_stall(row) for row in others)
+    idle = [row["gpu_idle_fraction"] for row in others if row["gpu_idle_fraction"] is not None]
+    spread = statistics.median(idle) - worst["gpu_idle_fraction"] \
+        if idle and worst["gpu_idle_fraction"] is not None else 0.0
+    return step, max(stall, 0.0), spread * step if spread >= IDLE_NOISE else 0.0
+
+
+def _straggler(rows: list[dict[str, Any]]) -> list[Finding]:
+    def waited(row: dict[str, Any]) -> float:
+        _, stall, compute = _waits(row, [other for other in rows if other is not row])
+        return stall + compute
+
+    worst = max(rows, key=waited)
+    others = [row for row in rows if row is not worst]
+    step, stall, compute = _waits(worst, others)
+    total = stall + compute
+    if total < max(MIN_EXCESS_MS, EXCESS_SHARE * step):
+        return []
+    parts, cause = [], "compute"
+    if stall > 0:
         wait_excess = (worst["input_wait_ms"] or 0.0) - statistics.median(row["input_wait_ms"] or 0.0
-                                                                           for row in others)
-        cause = "input wait" if wait_excess >= excess / 2 else "host gap"
-        mine = worst["input_wait_ms"] if cause == "input wait" else worst["host_gap_ms"]
-        theirs = statistics.median((row["input_wait_ms"] if cause == "input wait" else row["host_gap_ms"]) or 0.0
-                                   for row in others)
-        measured = (f"{worst['worker']} spends a median {mine:.2f} ms of each step on {cause} against "
-                    f"{theirs:.2f} ms on the other workers")
-    else:
-        idle = [row for row in rows if row["gpu_idle_fraction"] is not None]
-        if len(idle) < 2:
-            return []
-        worst = min(idle, key=lambda row: row["gpu_idle_fraction"])
-        others = [row for row in idle if row is not worst]
-        spread = statistics.median(row["gpu_idle_fraction"] for row in others) - worst["gpu_idle_fraction"]
-        if spread < IDLE_SPREAD:
-            return []
-        cause = "compute"
-        step = statistics.median(row["step_ms"] for row in others)
-        excess = spread * step
-        measured = (f"{worst['worker']}'s GPU idles {100 * worst['gpu_idle_fraction']:.0f}% of the time against "
-                    f"{100 * (worst['gpu_idle_fraction'] + spread):.0f}% on the other workers: it computes longer")
-    speedup = amdahl(excess / step)
-    message = (f"{measured}. Synchronous training waits for the slowest worker at every step, so it holds the "
-               f"others back by about {excess:.1f} ms a step ({100 * excess / step:.0f}% of their median "
-               f"{step:.2f} ms step). Cause: {cause}. Bringing it level with the others: up to {speedup:.2f}x "
-               "shorter steps for the job.")
+                                                                          for row in others)
+        kind = "input wait" if wait_excess >= stall / 2 else "host gap"
+        key = "input_wait_ms" if kind == "input wait" else "host_gap_ms"
+        theirs = statistics.median(row[key] or 0.0 for row in others)
+        cause = kind if stall >= compute else cause
+        parts.append(f"{worst['worker']} spends a median {worst[key] or 0.0:.2f} ms of each step on {kind} against "
+                     f"{theirs:.2f} ms on the other workers")
+    if compute > 0:
+        theirs = statistics.median(row["gpu_idle_fraction"] for row in others
+                                   if row["gpu_idle_fraction"] is not None)
+        parts.append(f"{worst['worker']}'s GPU idles {100 * worst['gpu_idle_fraction']:.0f}% of the time against "
+                     f"{100 * theirs:.0f}% on the other workers: it computes {compute:.2f} ms a step longer")
+    speedup = amdahl(total / step)
+    beyond = (f", of which {compute:.2f} ms is its longer compute, beyond its stall"
+              if stall > 0 and compute > 0 else "")
+    message = (f"{'; '.join(parts)}. Synchronous training waits for the slowest worker at every step, so the whole "
+               f"job waits at least {total:.2f} ms a step for it{beyond}: {100 * total / step:.0f}% of the job's "
+               f"median {step:.2f} ms step. Cause: {cause}. Bringing it level with the others: up to "
+               f"{speedup:.2f}x shorter steps for the job.")
     return [Finding.of("STRAGGLER", worst["worker"], message, _ADVICE[cause], speedup)]

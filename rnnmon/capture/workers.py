@@ -1,7 +1,10 @@
 """Which worker of a multi-worker job this process is, so that every worker writes a run of its own.
 
-Evidence, in order: `TF_CONFIG` (`MultiWorkerMirroredStrategy`: the task's type and index), then JAX's
-multi-process runtime (`jax.process_index()` when `jax.process_count() > 1`, only if JAX is already imported).
+Evidence, in order, from the environment alone: `TF_CONFIG` (`MultiWorkerMirroredStrategy`: the task's type and
+index), then torchrun's `RANK` with `WORLD_SIZE` > 1 (`worker-<RANK>`). Reading it starts no framework runtime, so
+a monitor may be built before `jax.distributed.initialize()` or `torch.distributed.init_process_group()`. A JAX
+multi-process job that names its process in code is found at the fit's start (`jax_worker_name`, called by the
+monitor's `on_train_begin` on the JAX backend, whose runtime the fit has started by then).
 A worker writes to `<log_dir>/worker-<index>/rnnmon` (`chief-0`, `master-0`, `ps-0`, `evaluator-0` for those task
 types), so no two processes ever share a run or an event file.
 
@@ -13,6 +16,8 @@ quotes or a newline) is refused with one ERROR, and the process records as a sin
 Example:
     >>> worker_name({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}'})
     'worker-1'
+    >>> worker_name({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8"})     # torchrun
+    'worker-3'
     >>> worker_name({})          # one process: no worker folder
 """
 
@@ -52,11 +57,32 @@ def worker_name(environ: Mapping[str, str] | None = None) -> str | None:
                       "from %s, an index from 0 to 999999); this process records as a single process, in "
                       "<log_dir>/rnnmon.", kind, index, ", ".join(TASK_TYPES))
             return None
+    return _torchrun_worker(environ)
+
+
+def _torchrun_worker(environ: Mapping[str, str]) -> str | None:
+    """`worker-<RANK>` for a rank of a torchrun (or other `RANK`/`WORLD_SIZE`) job of two or more processes."""
+    rank, world = environ.get("RANK", ""), environ.get("WORLD_SIZE", "")
+    if not (world.isascii() and world.isdigit() and int(world) > 1):
+        return None
+    name = f"worker-{int(rank)}" if rank.isascii() and rank.isdigit() else ""
+    if WORKER_DIR.fullmatch(name) and int(rank) < int(world):
+        return name
+    LOG.error("rnnmon: RANK %.20r of WORLD_SIZE %.20r cannot name a worker's folder (an index from 0 to "
+              "min(WORLD_SIZE, 1000000) - 1); this process records as a single process, in <log_dir>/rnnmon.",
+              rank, world)
+    return None
+
+
+def jax_worker_name() -> str | None:
+    """`worker-<process index>` in a JAX multi-process job, else None. Call it only once the fit has started JAX's
+    runtime: asking JAX before `jax.distributed.initialize()` would start it, and that call would then fail."""
     jax = sys.modules.get("jax")
-    if jax is not None:
-        try:
-            if jax.process_count() > 1:
-                return f"worker-{jax.process_index()}"
-        except Exception:  # a JAX runtime quirk must not stop monitoring
-            return None
+    if jax is None:
+        return None
+    try:
+        if jax.process_count() > 1:
+            return f"worker-{jax.process_index()}"
+    except Exception:  # a JAX runtime quirk must not stop monitoring
+        return None
     return None
