@@ -98,3 +98,18 @@ def test_the_port_is_the_base_plus_the_local_rank_and_a_file_sd_target_is_writte
     del monitor
     gc.collect()
     assert wait_for(lambda: not os.listdir(sd_dir))  # the target goes with the endpoint
+
+
+def test_a_kerastuner_copy_keeps_the_endpoint_until_it_is_dropped_too(tmp_path):
+    import copy
+
+    monitor = UtilizationMonitor(str(tmp_path), prometheus_port=0, prometheus_job="search")
+    port = monitor.prometheus_port
+    trial = copy.deepcopy(monitor)
+    assert trial.prometheus_port == port and trial._exporter is monitor._exporter
+    del monitor
+    gc.collect()
+    assert total(scrape(port), "rnnmon_training", job="search") == 0  # still served: the copy holds it
+    del trial
+    gc.collect()
+    assert wait_for(lambda: refused(port))
