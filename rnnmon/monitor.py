@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 import keras
 
+from rnnmon.alerts import prometheus
 from rnnmon.alerts.delivery import Alerting
-from rnnmon.alerts.prometheus import PrometheusExporter
 from rnnmon.alerts.rules import AlertEvent
 from rnnmon.alerts.thresholds import Thresholds
 from rnnmon.analysis.input_advice import input_advice
@@ -107,11 +107,15 @@ class UtilizationMonitor(keras.callbacks.Callback):
             system's temp directory or a world-writable folder. Defaults to `None` (up to three folders up).
         audit: Check the model's RNN layers, the input pipeline and device placement at the start and record
             the findings. Defaults to `True`.
-        prometheus_port: Serve Prometheus metrics on this port (0 picks a free one and logs it); see
-            docs/prometheus.md. Needs `prometheus_client`. A port in use logs one error and training goes on
-            unexported. Defaults to `None` (off).
+        prometheus_port: Serve Prometheus metrics on this port plus the process's local rank (`LOCAL_RANK`
+            and the like; 0 picks a free port and logs it); see docs/prometheus.md. One endpoint per process
+            serves every live monitor; it closes when the last monitor is garbage-collected. Needs
+            `prometheus_client`. A port in use logs one error and training goes on unexported. Defaults to
+            `None` (off).
         prometheus_addr: The address the endpoint binds to. Defaults to `"127.0.0.1"` (this machine only).
         prometheus_job: The `job` label of every series. Defaults to `"rnnmon"`.
+        prometheus_sd_dir: Also write a Prometheus `file_sd_configs` target file for the endpoint into this
+            folder (removed when the endpoint closes). Defaults to `None`.
 
     In multi-worker training (`TF_CONFIG`, torchrun's `RANK`/`WORLD_SIZE`, or JAX with several processes) each
     worker writes to its own run, `log_dir/worker-<index>/rnnmon` (`chief-0`, `ps-0`, ... by task type). Building
@@ -138,7 +142,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
                  stop_on_alert: bool | Sequence[str] = False, profile_steps_on_alert: int = 0,
                  watch_thresholds: bool = True, thresholds_root: str | None = None,
                  audit: bool = True, prometheus_port: int | None = None,
-                 prometheus_addr: str = "127.0.0.1", prometheus_job: str = "rnnmon") -> None:
+                 prometheus_addr: str = "127.0.0.1", prometheus_job: str = "rnnmon",
+                 prometheus_sd_dir: str | None = None) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for copies
         super().__init__()
         _require(0.05 <= sample_interval_s <= 60, "sample_interval_s", sample_interval_s, "between 0.05 and 60")
@@ -172,9 +177,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self.watch_thresholds = watch_thresholds
         self.thresholds_root = thresholds_root
         self.audit = audit
-        self._exporter = None if prometheus_port is None else PrometheusExporter(job=prometheus_job,
-                                                                                  worker=self.worker or "0")
-        self.prometheus_port = self._exporter.serve(prometheus_port, prometheus_addr) if self._exporter else None
+        self._exporter, self.prometheus_port = (None, None) if prometheus_port is None else prometheus.attach(
+            self, port=prometheus_port, addr=prometheus_addr, job=prometheus_job, worker=self.worker or "0",
+            sd_dir=prometheus_sd_dir)
         self._nvml = Nvml()
         self._sampler: Sampler | None = None
         self._active = False
@@ -196,6 +201,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         """
         twin = type(self)(**{**self._arguments, "prometheus_port": None})
         twin._exporter, twin.prometheus_port = self._exporter, self.prometheus_port
+        if self._exporter is not None:
+            prometheus.share(twin, self._exporter)
         twin._arguments = self._arguments
         twin._logged_findings = self._logged_findings
         twin._nvml = self._nvml.fresh()
@@ -292,6 +299,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if fit is not None:  # a later callback that raises ends monitoring in its own call
             self._hook_guard = HookGuard(fit.callbacks, self._on_error)
         self._active = True
+        if self._exporter is not None:
+            self._exporter.fit_started()
         _RUNNING.add(self)
         self._final_status = "finished"
         self._final_done = threading.Event()

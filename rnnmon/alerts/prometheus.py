@@ -1,23 +1,34 @@
-"""Prometheus exporter: the recorder's chunks as metrics on an HTTP endpoint, for fleets that already scrape.
+"""Prometheus exporter: the recorder's chunks as metrics on one HTTP endpoint per process, for fleets that scrape.
 
-Opt-in (`UtilizationMonitor(log_dir, prometheus_port=9400)`), built on `prometheus_client` with its own
-registry, fed on rnnmon's background thread from the chunks the recorder already builds: nothing runs on the
-training thread. The metric names are a contract, documented in docs/prometheus.md. Every series carries the
-labels `job` and `worker`.
+Opt-in (`UtilizationMonitor(log_dir, prometheus_port=9400)`), built on `prometheus_client`, fed on rnnmon's
+background thread from the chunks the recorder already builds: nothing runs on the training thread. The metric
+names are a contract, documented in docs/prometheus.md. Every series carries the labels `job` and `worker`.
+
+Lifecycle: `attach(owner, ...)` opens the endpoint (or joins the one open on that port; port 0 joins any open
+one) and hands the owner the exporter of its `job`/`worker` labels there, shared by every owner with those
+labels, so consecutive fits add to one set of counters. An exporter is served while an owner holding it exists;
+when the last owner is garbage-collected its series leave the endpoint, and when no exporter is left the endpoint
+closes (socket, thread, file_sd file).
+Between fits `rnnmon_training` is 0, so rules gated on it are silent on a process that no longer trains.
 
 Example:
-    >>> exporter = PrometheusExporter(job="lstm-sweep", worker="0")
-    >>> exporter.serve(port=0)            # a free port; logged, and returned
-    40123
+    >>> exporter, port = attach(monitor, port=0, job="lstm-sweep", worker="0")   # a free port; logged
+    >>> exporter.fit_started()
     >>> exporter.on_chunk(chunk, firing=["input_wait_high"])   # after Alerting.on_chunk
+    >>> exporter.fit_ended()
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
+import os
+import socket
 import threading
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -28,8 +39,22 @@ from rnnmon.format import schema
 
 LOG = logging.getLogger("rnnmon")
 RULES = tuple(f.name for f in dataclasses.fields(Thresholds))
-_STEP_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+# Step time: 20 log-spaced buckets a decade from 0.1 ms to 100 s, so histogram_quantile's linear interpolation
+# inside a bucket (12% wide) reads the median and p90 within a few percent (docs/prometheus.md: the cost).
+_STEP_BUCKETS_S = tuple(float(f"{b:.4g}") for b in np.logspace(-4, 2, 6 * 20 + 1))
 _WAIT_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)
+# Where launchers say which process of the host this is: torchrun, Slurm, Open MPI, MPICH/Intel MPI.
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+def local_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's index among the job's processes on this host (0 when no launcher says)."""
+    environ = os.environ if environ is None else environ
+    for name in LOCAL_RANK_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value.isascii() and value.isdigit() and int(value) < 1024:
+            return int(value)
+    return 0
 
 
 class _Histogram:
@@ -73,7 +98,7 @@ class _Histograms:
 
 
 class PrometheusExporter:
-    """The rnnmon metrics of one process, in a registry of their own, served over HTTP by `serve()`.
+    """The rnnmon metrics of one `job`/`worker` label set, in a registry of their own.
 
     Args:
         job: The `job` label on every series. Defaults to `"rnnmon"`.
@@ -88,7 +113,7 @@ class PrometheusExporter:
                               "pip install 'rnnmon[prometheus]' (or prometheus-client)") from None
 
         self.registry = CollectorRegistry(auto_describe=True)
-        self._labels = {"job": job, "worker": worker}
+        self.labels = {"job": job, "worker": worker}
         names = ("job", "worker")
         r = self.registry
         self._step = _Histogram("rnnmon_step_seconds", "Step time (begin to end of one recorded step)",
@@ -97,9 +122,15 @@ class PrometheusExporter:
         self._gap = _Histogram("rnnmon_host_gap_seconds", "Host time between one step's end and the next's begin",
                                _WAIT_BUCKETS_S)
         r.register(_Histograms([self._step, self._wait, self._gap], [job, worker]))
-        self._steps = Counter("rnnmon_steps", "Training batches run", names, registry=r).labels(**self._labels)
+        self._training = Gauge("rnnmon_training", "1 while a fit of this job and worker runs, 0 between fits",
+                               names, registry=r).labels(**self.labels)
+        self._steps = Counter("rnnmon_steps", "Training batches run", names, registry=r).labels(**self.labels)
         self._util = Gauge("rnnmon_gpu_utilization_ratio", "Latest driver utilization sample, 0-1",
                            (*names, "gpu"), registry=r)
+        self._busy = Counter("rnnmon_gpu_busy_seconds", "Sampled time weighted by driver utilization",
+                             (*names, "gpu"), registry=r)
+        self._sampled = Counter("rnnmon_gpu_sampled_seconds", "Time covered by driver utilization samples",
+                                (*names, "gpu"), registry=r)
         self._idle = Counter("rnnmon_gpu_idle_seconds", "GPU idle time by the cause it is blamed on",
                              (*names, "gpu", "cause"), registry=r)
         self._firing = Gauge("rnnmon_alert_firing", "1 while an rnnmon alert rule fires", (*names, "rule"),
@@ -107,30 +138,27 @@ class PrometheusExporter:
         self._verdict = Gauge("rnnmon_verdict", "1 for the run's current verdict, 0 for the others",
                               (*names, "verdict"), registry=r)
         for rule in RULES:
-            self._firing.labels(**self._labels, rule=rule).set(0)
+            self._firing.labels(**self.labels, rule=rule).set(0)
         self._totals = {"steps": 0, "wait_s": 0.0, "gap_s": 0.0, "step_s": 0.0}
+        self._last_sample: dict[int, float] = {}  # per GPU: the time of its latest utilization sample
+        self._fits = 0
+        self._fits_lock = threading.Lock()
         self._set_verdict("insufficient-data")
-        self.port: int | None = None
-
-    def serve(self, port: int, addr: str = "127.0.0.1") -> int | None:
-        """Start the HTTP endpoint (0 picks a free port); the bound port, or None after one error line."""
-        from prometheus_client import start_http_server
-
-        try:
-            server, _ = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as error:
-            LOG.error("rnnmon: the Prometheus endpoint is off, training continues unexported: cannot listen on "
-                      "%s:%s (%s)", addr, port, error.strerror or error)
-            return None
-        self.port = int(server.server_port)
-        LOG.warning("rnnmon: Prometheus metrics at http://%s:%d/metrics", addr, self.port)  # 0: which port
-        return self.port
 
     def add_devices(self, indices: Iterable[int]) -> None:
-        """Show a zero idle counter per cause for each GPU from the start, so rates exist before the first gap."""
+        """Show zero counters for each GPU from the start, so rates exist before the first gap or sample."""
         for index in indices:
+            self._busy.labels(**self.labels, gpu=str(index))
+            self._sampled.labels(**self.labels, gpu=str(index))
             for cause in schema.GAP_CAUSES:
-                self._idle.labels(**self._labels, gpu=str(index), cause=cause)
+                self._idle.labels(**self.labels, gpu=str(index), cause=cause)
+
+    def fit_started(self) -> None:
+        """`rnnmon_training` is 1 from now until the last fit running with these labels ends."""
+        with self._fits_lock:
+            self._fits += 1
+            self._training.set(1)
+        self._last_sample.clear()  # the time between two fits is not sampled time
 
     def on_chunk(self, chunk: dict[str, Any], firing: Iterable[str] = ()) -> None:
         """Count one recorder chunk; `firing` names the rules firing after it (any device)."""
@@ -151,21 +179,149 @@ class PrometheusExporter:
             totals["wait_s"] += float(np.nansum(np.clip(wait - floor_s, 0.0, None)))  # as the report: beyond the floor
         for index, samples in chunk["util"].items():
             if samples:
-                self._util.labels(**self._labels, gpu=str(index)).set(samples[-1][1] / 100.0)
+                self._count_utilization(index, samples)
         for device, (start, end, cause) in chunk["gaps"]:
             if device != schema.STEP_DEVICE and end > start:
-                self._idle.labels(**self._labels, gpu=str(device), cause=cause).inc(end - start)
+                self._idle.labels(**self.labels, gpu=str(device), cause=cause).inc(end - start)
         active = set(firing)
         for rule in RULES:
-            self._firing.labels(**self._labels, rule=rule).set(1 if rule in active else 0)
+            self._firing.labels(**self.labels, rule=rule).set(1 if rule in active else 0)
         totals = self._totals
         self._set_verdict(verdict(totals["steps"], totals["wait_s"], totals["gap_s"], totals["step_s"]))
 
     def fit_ended(self) -> None:
-        """Alerts resolve when a fit ends; the counters and the verdict stay for the last scrapes."""
+        """Alerts resolve when a fit ends, and `rnnmon_training` drops to 0 once no fit with these labels runs;
+        the counters and the verdict stay for the last scrapes."""
         for rule in RULES:
-            self._firing.labels(**self._labels, rule=rule).set(0)
+            self._firing.labels(**self.labels, rule=rule).set(0)
+        with self._fits_lock:
+            self._fits = max(self._fits - 1, 0)
+            self._training.set(1 if self._fits else 0)
+
+    def _count_utilization(self, index: int, samples: list[tuple[float, float]]) -> None:
+        """Each sample's utilization holds from the previous sample to it: busy and sampled seconds grow by it."""
+        times = np.asarray([t for t, _ in samples])
+        ratios = np.asarray([u for _, u in samples]) / 100.0
+        previous = self._last_sample.get(index, times[0])
+        spans = np.clip(np.diff(times, prepend=previous), 0.0, None)
+        self._last_sample[index] = float(times[-1])
+        labels = {**self.labels, "gpu": str(index)}
+        self._busy.labels(**labels).inc(float((spans * ratios).sum()))
+        self._sampled.labels(**labels).inc(float(spans.sum()))
+        self._util.labels(**labels).set(float(ratios[-1]))
 
     def _set_verdict(self, current: str) -> None:
         for name in VERDICTS:
-            self._verdict.labels(**self._labels, verdict=name).set(1 if name == current else 0)
+            self._verdict.labels(**self.labels, verdict=name).set(1 if name == current else 0)
+
+
+class _Endpoint:
+    """One HTTP server and the exporters it serves: (job, worker) → [exporter, owners holding it]."""
+
+    def __init__(self, addr: str, port: int, sd_dir: str | None, job: str) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.exporters: dict[tuple[str, str], list[Any]] = {}
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(self)
+        self.server, self.thread = start_http_server(port, addr=addr, registry=registry)
+        self.addr, self.port = addr, int(self.server.server_port)
+        self.sd_file = _write_sd_file(sd_dir, addr, self.port, job) if sd_dir else None
+
+    def collect(self) -> Iterator[Any]:
+        """The series of every exporter still held, one family per name (the registry's one collector)."""
+        from prometheus_client.metrics_core import Metric
+
+        with _LOCK:
+            exporters = [held[0] for held in self.exporters.values()]
+        merged: dict[str, Any] = {}
+        for exporter in exporters:
+            for family in exporter.registry.collect():
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                into.samples.extend(family.samples)
+        yield from merged.values()
+
+    def hold(self, owner: object, exporter: PrometheusExporter) -> PrometheusExporter:
+        """The exporter of `exporter`'s labels here (it, or the one already held), now also held by `owner`."""
+        key = (exporter.labels["job"], exporter.labels["worker"])
+        held = self.exporters.setdefault(key, [exporter, 0])
+        held[1] += 1
+        weakref.finalize(owner, self.release, key)
+        return held[0]
+
+    def release(self, key: tuple[str, str]) -> None:
+        """An owner is gone: drop its exporter when no owner holds it, and close when none is left."""
+        with _LOCK:
+            held = self.exporters[key]
+            held[1] -= 1
+            if held[1] > 0:
+                return
+            del self.exporters[key]
+            if self.exporters:
+                return
+            _ENDPOINTS.remove(self)
+        if self.sd_file:
+            with contextlib.suppress(OSError):
+                os.unlink(self.sd_file)
+        if threading.current_thread() is self.thread:  # collected while serving a scrape: close from elsewhere
+            threading.Thread(target=self._close, name="rnnmon-prometheus-close", daemon=True).start()
+        else:
+            self._close()
+
+    def _close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5.0)
+
+
+_LOCK = threading.RLock()  # re-entrant: a garbage collection inside it may release an owner
+_ENDPOINTS: list[_Endpoint] = []
+
+
+def attach(owner: object, *, port: int, addr: str = "127.0.0.1", job: str = "rnnmon", worker: str = "0",
+           sd_dir: str | None = None) -> tuple[PrometheusExporter | None, int | None]:
+    """The exporter of `job`/`worker`, served while `owner` exists, and the endpoint's port.
+
+    `port` plus the local rank (see `local_rank`) opens an endpoint there or joins the one open there; 0 joins
+    the open endpoint on `addr`, or opens one on a free port. (None, None) after one error line when the port
+    cannot be had.
+    """
+    exporter = PrometheusExporter(job=job, worker=worker)  # raises ImportError first without prometheus_client
+    wanted = port + local_rank() if port else 0
+    with _LOCK:
+        endpoint = next((e for e in _ENDPOINTS if e.addr == addr and wanted in (0, e.port)), None)
+        if endpoint is None:
+            try:
+                endpoint = _Endpoint(addr, wanted, sd_dir, job)
+            except OSError as error:
+                LOG.error("rnnmon: the Prometheus endpoint is off, training continues unexported: cannot listen "
+                          "on %s:%s (%s)", addr, wanted, error.strerror or error)
+                return None, None
+            LOG.warning("rnnmon: Prometheus metrics at http://%s:%d/metrics", addr, endpoint.port)  # 0: which port
+            _ENDPOINTS.append(endpoint)
+        return endpoint.hold(owner, exporter), endpoint.port
+
+
+def share(owner: object, exporter: PrometheusExporter) -> None:
+    """`owner` (a copy of a monitor) holds `exporter` too: it is served until both are gone."""
+    key = (exporter.labels["job"], exporter.labels["worker"])
+    with _LOCK:
+        for endpoint in _ENDPOINTS:
+            if endpoint.exporters.get(key, [None])[0] is exporter:
+                endpoint.hold(owner, exporter)
+
+
+def _write_sd_file(sd_dir: str, addr: str, port: int, job: str) -> str | None:
+    """A file_sd_configs target file for this endpoint, `<sd_dir>/<host>-<port>.json`, written atomically."""
+    host = socket.getfqdn() if addr in ("0.0.0.0", "::", "") else addr
+    path = os.path.join(sd_dir, f"{host}-{port}.json")
+    try:
+        os.makedirs(sd_dir, exist_ok=True)
+        with open(f"{path}.tmp", "w", encoding="utf-8") as file:
+            json.dump([{"targets": [f"{host}:{port}"], "labels": {"rnnmon_job": job}}], file)
+        os.replace(f"{path}.tmp", path)
+    except OSError as error:
+        LOG.error("rnnmon: cannot write the Prometheus file_sd target %s (%s); the endpoint is served anyway",
+                  path, error.strerror or error)
+        return None
+    return path

@@ -55,7 +55,7 @@ class ScrapeDuringFit(keras.callbacks.Callback):
 @pytest.mark.slow
 def test_endpoint_during_a_fit_has_every_documented_name_and_counters_grow(tmp_path, rnnmon_warnings):
     documented = documented_metrics()
-    assert len(documented) == 8, documented
+    assert len(documented) == 11, documented
     half_idle = FakeGpu(utilization=lambda t: 0.0 if t % 0.6 < 0.3 else 90.0, pids=[os.getpid()])
     with installed(FakeNvmlLib([half_idle])):
         monitor = UtilizationMonitor(str(tmp_path), prometheus_port=0, prometheus_job="sweep", flush_secs=0.3,

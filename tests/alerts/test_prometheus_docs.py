@@ -18,6 +18,7 @@ from rnnmon.alerts.thresholds import Thresholds
 yaml = pytest.importorskip("yaml")
 DOCS = os.path.join(ROOT, "docs")
 RULES = os.path.join(DOCS, "prometheus-rules.yml")
+FAST = os.path.join(DOCS, "prometheus-rules-fast.yml")
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
 _SECONDS = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600}
 
@@ -31,8 +32,8 @@ def known(name: str) -> bool:
     return name in documented_metrics() or base in documented_metrics()
 
 
-def load_rules() -> list[dict]:
-    with open(RULES, encoding="utf-8") as file:
+def load_rules(path: str = RULES) -> list[dict]:
+    with open(path, encoding="utf-8") as file:
         document = yaml.safe_load(file)
     assert set(document) == {"groups"} and isinstance(document["groups"], list)
     return [rule for group in document["groups"] for rule in group["rules"]]
@@ -43,12 +44,13 @@ def test_the_page_carries_the_rules_file_verbatim():
         assert rules.read() in page.read()
 
 
-def test_rules_parse_with_promtool_or_the_schema():
+@pytest.mark.parametrize("path", [RULES, FAST], ids=["default", "fast"])
+def test_rules_parse_with_promtool_or_the_schema(path):
     promtool = shutil.which("promtool", path=os.path.dirname(sys.executable)) or shutil.which("promtool")
     if promtool:
-        result = subprocess.run([promtool, "check", "rules", RULES], capture_output=True, text=True, timeout=60)
+        result = subprocess.run([promtool, "check", "rules", path], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
-    for rule in load_rules():  # the schema promtool checks, as far as it can be checked without it
+    for rule in load_rules(path):  # the schema promtool checks, as far as it can be checked without it
         assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, rule
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", rule["alert"])
         assert _DURATION.match(rule["for"]), rule["for"]
@@ -86,3 +88,58 @@ def test_grafana_dashboard_queries_only_documented_metrics():
     assert len(panel_ids) == len(set(panel_ids))
     for expr in exprs:
         assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), expr
+
+
+@pytest.mark.parametrize("path", [RULES, FAST], ids=["default", "fast"])
+def test_every_rule_holds_only_while_training_runs(path):
+    for rule in load_rules(path):
+        assert rule["expr"].rstrip().endswith("and on (job, worker) rnnmon_training == 1"), rule["alert"]
+
+
+def test_gpu_util_low_judges_the_windowed_mean_not_the_latest_sample():
+    for path in (RULES, FAST):
+        rule = next(r for r in load_rules(path) if r["labels"]["rnnmon_rule"] == "gpu_util_low")
+        assert "rnnmon_gpu_utilization_ratio" not in rule["expr"]
+        assert re.search(r"rate\(rnnmon_gpu_busy_seconds_total\[\w+\]\) / rate\(rnnmon_gpu_sampled_seconds_total",
+                         rule["expr"]), rule["expr"]
+
+
+def test_the_fast_profile_is_the_default_rules_judged_over_the_rnnmon_windows():
+    defaults = Thresholds()
+    default = {rule["alert"]: rule for rule in load_rules(RULES)}
+    fast = {rule["alert"]: rule for rule in load_rules(FAST)}
+    assert list(fast) == list(default)
+    for name, rule in fast.items():
+        assert rule["labels"] == default[name]["labels"], name
+        group = getattr(defaults, rule["labels"]["rnnmon_rule"])
+        if "[1m]" in default[name]["expr"] and hasattr(group, "for_s"):  # a windowed rule judged by Prometheus
+            window = f"[{int(group.for_s)}s]" if group.for_s < 60 else f"[{int(group.for_s) // 60}m]"
+            assert rule["expr"] == default[name]["expr"].replace("[1m]", window), name
+            assert rule["for"] == "0s", name
+        else:
+            assert (rule["expr"], rule["for"]) == (default[name]["expr"], default[name]["for"]), name
+    with open(os.path.join(DOCS, "prometheus.md"), encoding="utf-8") as page:
+        assert "docs/prometheus-rules-fast.yml" in page.read()
+
+
+def test_every_dashboard_legend_names_the_job():
+    with open(os.path.join(DOCS, "grafana-dashboard.json"), encoding="utf-8") as file:
+        dashboard = json.load(file)
+    legends = [target["legendFormat"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert legends and all("{{job}}" in legend for legend in legends), legends
+
+
+def test_the_created_series_are_documented():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import generate_latest
+
+    from rnnmon.alerts.prometheus import PrometheusExporter
+
+    exporter = PrometheusExporter()
+    exporter.add_devices([0])
+    created = set(re.findall(r"^(rnnmon_\w+)_created\{", generate_latest(exporter.registry).decode(), re.MULTILINE))
+    assert created
+    with open(os.path.join(DOCS, "prometheus.md"), encoding="utf-8") as page:
+        text = page.read()
+    assert "`<name>_created`" in text
+    assert all(f"`{name}_total" in text or f"`{name}_total{{" in text for name in created), created

@@ -1,0 +1,115 @@
+"""One Prometheus endpoint per process: shared by live monitors, closed with the last one, a port per local rank."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+import pytest
+from conftest import read_run, stalled_dataset, tiny_model
+from test_prometheus import scrape, total
+
+from rnnmon import UtilizationMonitor
+
+pytest.importorskip("prometheus_client")
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(2)
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def wait_for(condition, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_dropped_monitors_leave_no_port_thread_or_descriptor(tmp_path):
+    gc.collect()
+    threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+    monitors = [UtilizationMonitor(str(tmp_path / f"m{k}"), prometheus_port=0, prometheus_job="sweep")
+                for k in range(20)]
+    ports = {monitor.prometheus_port for monitor in monitors}
+    assert len(ports) == 1 and None not in ports, ports  # one endpoint for the process
+    port = ports.pop()
+    assert threading.active_count() <= threads + 1
+    del monitors
+    gc.collect()
+    assert wait_for(lambda: refused(port)), "the endpoint outlived its monitors"
+    assert wait_for(lambda: threading.active_count() <= threads), threading.enumerate()
+    assert wait_for(lambda: len(os.listdir("/proc/self/fd")) <= fds)
+
+
+@pytest.mark.slow
+def test_a_fixed_port_serves_the_next_fit_and_says_when_none_trains(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="rnnmon")
+    port = free_port()
+    first = UtilizationMonitor(str(tmp_path / "a"), prometheus_port=port, flush_secs=0.3)
+    tiny_model().fit(stalled_dataset(20), epochs=1, verbose=0, callbacks=[first])
+    after_first = scrape(port)
+    assert total(after_first, "rnnmon_training") == 0  # the fit is over: its series are not live
+    second = UtilizationMonitor(str(tmp_path / "b"), prometheus_port=port, flush_secs=0.3)
+    assert second.prometheus_port == port
+    seen = {}
+
+    class Scrape(__import__("keras").callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 10:
+                seen.update(scrape(port))
+
+    tiny_model().fit(stalled_dataset(30), epochs=1, verbose=0, callbacks=[second, Scrape()])
+    assert total(seen, "rnnmon_training") == 1
+    after = scrape(port)
+    assert total(after, "rnnmon_training") == 0
+    assert total(after, "rnnmon_steps_total") == 50  # one label set: the fits add up, no duplicate series
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert read_run(str(tmp_path / "b")).steps.shape[0] == 30
+    del first, second
+    gc.collect()
+    assert wait_for(lambda: refused(port))
+
+
+def test_the_port_is_the_base_plus_the_local_rank_and_a_file_sd_target_is_written(tmp_path, monkeypatch):
+    base = free_port() - 3
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    sd_dir = tmp_path / "sd"
+    monitor = UtilizationMonitor(str(tmp_path / "run"), prometheus_port=base, prometheus_sd_dir=str(sd_dir))
+    assert monitor.prometheus_port == base + 3
+    assert total(scrape(base + 3), "rnnmon_training") == 0
+    [target] = os.listdir(sd_dir)
+    with open(sd_dir / target, encoding="utf-8") as file:
+        assert json.load(file) == [{"targets": [f"127.0.0.1:{base + 3}"], "labels": {"rnnmon_job": "rnnmon"}}]
+    del monitor
+    gc.collect()
+    assert wait_for(lambda: not os.listdir(sd_dir))  # the target goes with the endpoint
+
+
+def test_a_kerastuner_copy_keeps_the_endpoint_until_it_is_dropped_too(tmp_path):
+    import copy
+
+    monitor = UtilizationMonitor(str(tmp_path), prometheus_port=0, prometheus_job="search")
+    port = monitor.prometheus_port
+    trial = copy.deepcopy(monitor)
+    assert trial.prometheus_port == port and trial._exporter is monitor._exporter
+    del monitor
+    gc.collect()
+    assert total(scrape(port), "rnnmon_training", job="search") == 0  # still served: the copy holds it
+    del trial
+    gc.collect()
+    assert wait_for(lambda: refused(port))

@@ -1,0 +1,183 @@
+"""A real Prometheus server (Debian's `prometheus` binary, taken by .ci/setup) scraping rnnmon during real fits.
+
+Prometheus runs on 127.0.0.1 with a 1 s scrape and evaluation interval and docs/prometheus-rules-fast.yml as
+shipped: its rules have `for: 0s`, and a rate needs two scrapes in its window, so they can fire seconds into a
+fit, and each test takes well under a minute. Without the binary the tests skip.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from conftest import ROOT, read_run, stalled_dataset, tiny_model
+from fake_nvml import FakeGpu, FakeNvmlLib, installed
+
+from rnnmon import UtilizationMonitor
+from rnnmon.analysis.summary import summarize
+
+pytest.importorskip("prometheus_client")
+BINARY = shutil.which("prometheus", path=os.path.dirname(sys.executable)) or shutil.which("prometheus")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(BINARY is None, reason="no prometheus binary (.ci/setup --test takes Debian's)")]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Prometheus:
+    """A Prometheus process scraping `target`, with the test copy of the fast rules; queried over its HTTP API."""
+
+    def __init__(self, folder: str, target: int) -> None:
+        shutil.copy(os.path.join(ROOT, "docs", "prometheus-rules-fast.yml"), os.path.join(folder, "rules.yml"))
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                  "scrape_configs": [{"job_name": "rnnmon", "honor_labels": True,
+                                      "static_configs": [{"targets": [f"127.0.0.1:{target}"]}]}],
+                  "rule_files": ["rules.yml"]}
+        with open(os.path.join(folder, "prometheus.yml"), "w", encoding="utf-8") as file:
+            json.dump(config, file)  # JSON is YAML
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log = open(os.path.join(folder, "prometheus.log"), "w+b")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(
+            [BINARY, f"--config.file={folder}/prometheus.yml", f"--storage.tsdb.path={folder}/data",
+             f"--web.listen-address={self.url[7:]}", "--log.level=warn"], stdout=self.log, stderr=self.log)
+        self.wait(lambda: self.ready(), 30, "Prometheus to start")
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            assert self.process.poll() is None, self.logged()
+            return False
+
+    def query(self, expr: str) -> list[tuple[dict, float]]:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            body = json.load(answer)
+        assert body["status"] == "success", body
+        return [(r["metric"], float(r["value"][1])) for r in body["data"]["result"]]
+
+    def value(self, expr: str) -> float:
+        result = self.query(expr)
+        return result[0][1] if result else math.nan
+
+    def firing(self, job: str) -> set[str]:
+        return {m["alertname"] for m, _ in self.query(f'ALERTS{{alertstate="firing", job="{job}"}}')}
+
+    def wait(self, condition, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}\n{self.logged()}"
+            time.sleep(0.2)
+
+    def logged(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def prometheus(tmp_path) -> Iterator:
+    started: list[Prometheus] = []
+
+    def start(port: int) -> Prometheus:
+        server = Prometheus(str(tmp_path), port)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+class AlertWatch:
+    """Polls Prometheus's ALERTS for `job` on a thread while a fit runs: every alert seen firing."""
+
+    def __init__(self, server: Prometheus, job: str) -> None:
+        self.server, self.job, self.seen = server, job, set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.3):
+            self.seen |= self.server.firing(self.job)
+
+    def stop(self) -> set[str]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.seen
+
+
+def test_histogram_quantile_reads_the_reports_median_and_p90(tmp_path, prometheus):
+    rng = np.random.default_rng(7)
+    stalls = rng.lognormal(np.log(0.012), 0.6, 400).clip(0.002, 0.08)  # step times spread over a decade
+    monitor = UtilizationMonitor(str(tmp_path / "run"), prometheus_port=0, prometheus_job="quantiles",
+                                 flush_secs=0.5)
+    server = prometheus(monitor.prometheus_port)
+    tiny_model().fit(stalled_dataset(400, lambda i: float(stalls[i]), prefetch="none"), epochs=1, verbose=0,
+                     callbacks=[monitor])
+    report = summarize(read_run(str(tmp_path / "run")))["step_ms"]
+    server.wait(lambda: server.value('rnnmon_steps_total{job="quantiles"}') == 400, 20, "the last scrape")
+    for q, name in ((0.5, "median"), (0.9, "p90")):
+        read = 1e3 * server.value(f'histogram_quantile({q}, rnnmon_step_seconds_bucket{{job="quantiles"}})')
+        assert read == pytest.approx(report[name], rel=0.10), (name, read, report)
+
+
+def _fit_and_watch(tmp_path, prometheus, job: str, gpu: FakeGpu, dataset, model) -> tuple[set, Prometheus]:
+    with installed(FakeNvmlLib([gpu])):
+        monitor = UtilizationMonitor(str(tmp_path / job), prometheus_port=0, prometheus_job=job, flush_secs=0.5,
+                                     sample_interval_s=0.1)
+        server = prometheus(monitor.prometheus_port)
+        server.wait(lambda: server.query(f'up{{instance="127.0.0.1:{monitor.prometheus_port}"}}'), 20,
+                    "the first scrape")
+        watch = AlertWatch(server, job)
+        model.fit(dataset, epochs=1, verbose=0, callbacks=[monitor])
+        seen = watch.stop()
+    server.wait(lambda: server.value(f'rnnmon_training{{job="{job}"}}') == 0, 20, "the end of training scraped")
+    server.wait(lambda: not server.firing(job), 15, "the alerts to stop once training ended")
+    assert monitor.prometheus_port is not None  # the monitor (and its series) still live: the gate did it
+    return seen, server
+
+
+def test_gpu_util_rule_fires_on_a_starved_gpu_and_stops_when_training_ends(tmp_path, prometheus):
+    # The latest sample crosses 20% every 0.3 s (a gauge rule never holds); the windowed mean is 15%.
+    starved = FakeGpu(utilization=lambda t: 0.0 if t % 0.6 < 0.3 else 30.0, pids=[os.getpid()])
+    seen, server = _fit_and_watch(tmp_path, prometheus, "starved", starved,
+                             stalled_dataset(400, 0.02, prefetch="none"), tiny_model())
+    assert {"RnnmonGpuUtilLow", "RnnmonInputWaitHigh"} <= seen, seen
+    # The [1m] mean still holds the starved fit: the alert stopped because rnnmon_training went to 0.
+    assert server.query('rate(rnnmon_gpu_busy_seconds_total{job="starved"}[1m])'
+                        ' / rate(rnnmon_gpu_sampled_seconds_total{job="starved"}[1m]) < 0.20')
+
+
+def test_the_rules_stay_silent_on_a_tuned_run(tmp_path, prometheus):
+    busy = FakeGpu(utilization=90.0, pids=[os.getpid()])
+    seen, server = _fit_and_watch(tmp_path, prometheus, "tuned", busy, stalled_dataset(500, prefetch="explicit"),
+                                  tiny_model(device_s=0.012))
+    assert not seen, seen
+    assert server.value('rnnmon_gpu_busy_seconds_total{job="tuned"}') > 0  # the rule had data to judge
