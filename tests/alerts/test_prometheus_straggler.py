@@ -25,8 +25,9 @@ def _worker(job: str, worker: str, wait_s: float) -> list[dict[str, str]]:
     per_scrape = {"rnnmon_step_seconds_count": STEPS_PER_SCRAPE, "rnnmon_step_seconds_sum": STEPS_PER_SCRAPE * STEP_S,
                   "rnnmon_input_wait_seconds_sum": STEPS_PER_SCRAPE * wait_s,
                   "rnnmon_host_gap_seconds_sum": STEPS_PER_SCRAPE * GAP_S}
-    return [{"series": f'{name}{{job="{job}",worker="{worker}"}}', "values": f"0+{increase!r}x40"}
-            for name, increase in per_scrape.items()]
+    return [*({"series": f'{name}{{job="{job}",worker="{worker}"}}', "values": f"0+{increase!r}x40"}
+              for name, increase in per_scrape.items()),
+            {"series": f'rnnmon_training{{job="{job}",worker="{worker}"}}', "values": "1x40"}]  # a fit runs
 
 
 def _alert(job: str, worker: str, share: str) -> dict:
