@@ -1,6 +1,7 @@
 // Reading the plugin's routes into the tab's state: the run list (/runs) at every poll, the selected runs'
 // /timeline and /summary when they have new data or the view changes, and, on its own, /workers for a worker of a
-// multi-worker job when any of the job's workers has new data (the chart never waits for it). TensorBoard's reload button never reaches the tab's iframe, so the tab polls on its own.
+// multi-worker job when any of the job's workers has new data (the chart never waits for it). TensorBoard's reload
+// button never reaches the tab's iframe, so the tab polls on its own.
 //
 // Example:
 //   await pollForever(async () => {

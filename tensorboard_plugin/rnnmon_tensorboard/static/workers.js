@@ -48,7 +48,8 @@ export function drawWorkers(section, group) {
   }
   table.append(thead, tbody);
   const head = el("div", "rm-alerts-head");
-  const counts = `job ${group.job}, ${group.workers.length} workers${leftOut.length ? `, ${leftOut.length} left out` : ""}`;
+  const left = leftOut.length ? `, ${leftOut.length} left out` : "";
+  const counts = `job ${group.job}, ${group.workers.length} workers${left}`;
   head.append(el("h2", "", "Workers"), el("span", "rm-muted", counts));
   const parts = [head];
   const straggler = group.findings.find((finding) => finding.where === group.straggler);
@@ -126,8 +127,8 @@ function drawHeatmap(node, heatmap, straggler) {
     {...common, z: heatmap.step_ms, colorscale: "Viridis", name: "step ms", xaxis: "x", yaxis: "y",
       colorbar: {...common.colorbar, x: 0.455, title: {text: "ms", side: "right"}},
       hovertemplate: "%{y} · %{x:.0f} s<br>step %{z:.2f} ms<extra></extra>"},
-    {...common, z: heatmap.wait_share, colorscale: "YlOrRd", reversescale: true, zmin: 0, zmax: 1, name: "input wait share",
-      xaxis: "x2", yaxis: "y2", colorbar: {...common.colorbar, x: 1.0, tickformat: ".0%"},
+    {...common, z: heatmap.wait_share, colorscale: "YlOrRd", reversescale: true, zmin: 0, zmax: 1,
+      name: "input wait share", xaxis: "x2", yaxis: "y2", colorbar: {...common.colorbar, x: 1.0, tickformat: ".0%"},
       hovertemplate: "%{y} · %{x:.0f} s<br>input wait %{z:.1%}<extra></extra>"},
   ];
   const many = y.length > 32; // then no label per row: hover names the worker
