@@ -347,7 +347,8 @@ def test_a_workers_chart_never_waits_for_its_jobs_workers(browser, tensorboard):
     page.route("**/data/plugin/rnnmon/workers*", lambda route: held.append(route))  # asked, never answered
     try:
         _select(frame, "sweep/worker-3/rnnmon")  # the card shows its steps
-        frame.wait_for_function(f"() => {PLOT}.data && {PLOT}.data.length > 0 && !{PLOT}.hidden", timeout=30_000)
+        frame.wait_for_function(f"""() => {PLOT}.layout && !{PLOT}.hidden
+            && {PLOT}.layout.annotations.some((a) => a.text === 'sweep/worker-3')""", timeout=30_000)  # its chart
         assert held and frame.locator("#rm-workers").is_hidden()  # /workers is still unanswered
     finally:
         for route in held:
