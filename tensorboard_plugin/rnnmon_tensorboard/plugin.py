@@ -50,12 +50,14 @@ from .read_ahead import ReadAhead
 from .run_files import LocalRuns
 from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore
 from .timeline import TimelineIndex, array_bytes
+from .workers_view import WorkerEntry, heatmap, step_bins
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}  # every such file in STATIC_DIR is served
 LIVE_WINDOW_S = 30.0  # a running run whose last write is older than this is shown as stalled
 DEFAULT_POINTS, MAX_POINTS = 1000, 20000
 CACHE_RUNS = 10
+CACHE_JOBS = 4  # multi-worker jobs whose workers' summaries /workers keeps
 CACHE_BYTES = 400 * 2**20  # what the cached indexes may hold: ~100 MB per 1M-step run with a gap at every step
 DERIVED = ("timeline", "summary")  # what the routes build from a run's tables
 READ_AHEAD_RUNS = 3  # runs /runs reads ahead (local log directories): the tab's first, then the newest
@@ -100,6 +102,17 @@ class _Described:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
+@dataclasses.dataclass
+class _Job:
+    """/workers' last answer for a multi-worker job, the versions of its workers' data it was built from, and each
+    worker's entry; `lock` is held while its workers are summarized."""
+
+    answer: dict[str, Any] | None = None
+    versions: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+    workers: dict[str, WorkerEntry] = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
 class RunDataError(errors.PublicError):
     """A run whose rnnmon data cannot be read (HTTP 422: the request was fine, the data is not; 500 is for bugs)."""
 
@@ -135,6 +148,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self._read_ahead_runs, self._read_ahead_bytes = read_ahead_runs, read_ahead_bytes
         self._live_window_s = live_window_s
         self.read_ahead = ReadAhead()  # reads runs /runs listed before the tab asks for them (local log directories)
+        self._jobs: collections.OrderedDict[tuple[str, str], _Job] = collections.OrderedDict()  # for /workers
+        self.workers_summarized = 0  # worker summaries /workers computed: once per version of a worker's data
 
     def get_plugin_apps(self) -> dict[str, Any]:
         static = {f"/{name}": _static_file(name, STATIC_TYPES[os.path.splitext(name)[1]])
@@ -282,26 +297,49 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         return summary
 
     def workers_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
-        """The workers of `run`'s multi-worker job side by side, with STRAGGLER, and those left out of the
-        comparison with the reason (unreadable data, too few steps); no workers for other runs."""
+        """The workers of `run`'s multi-worker job side by side, the straggler first, with STRAGGLER, those left
+        out of the comparison with the reason (unreadable data, too few steps) and the worker x time view; no
+        workers for other runs. Each worker is summarized once per version of its data; the job's answer is kept
+        until one of its workers changes (see `workers_view`)."""
         job = worker_of(run)
         if job is None:
-            return {"job": None, "workers": [], "findings": [], "left_out": []}
+            return {"job": None, "workers": [], "findings": [], "left_out": [], "heatmap": None}
         listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME)
-        siblings = sorted((found[1], name) for name, tags in listing.items()
-                          if tags and (found := worker_of(name)) is not None and found[0] == job[0])
-        summaries, left_out = [], []
-        for worker, name in sorted(siblings, key=lambda pair: worker_order(pair[0])):
-            try:
-                summary = self.summary_impl(ctx, experiment, name)
-            except (RunDataError, errors.NotFoundError) as error:
-                left_out.append({"worker": worker, "run": name, "reason": str(error)})
-                continue
-            if summary["verdict"] == "insufficient-data":  # compare_workers leaves it out
-                left_out.append({"worker": worker, "run": name, "reason": "too few steps to compare"})
-            summaries.append(summary)
-        groups = compare_workers(summaries)
-        return {**(groups[0] if groups else {"job": job[0], "workers": [], "findings": []}), "left_out": left_out}
+        siblings = sorted(((found[1], name) for name, tags in listing.items()
+                           if tags and (found := worker_of(name)) is not None and found[0] == job[0]),
+                          key=lambda pair: worker_order(pair[0]))
+        versions = [(name, self._worker_version(name, listing[name])) for _, name in siblings]
+        with self._lock:
+            kept = self._jobs.pop((experiment, job[0]), None) or _Job()
+            self._jobs[(experiment, job[0])] = kept  # the most recently asked last
+            while len(self._jobs) > CACHE_JOBS:
+                self._jobs.pop(next(iter(self._jobs)))
+        with kept.lock:  # one summarizing pass per job at a time; a request behind it gets its answer
+            if kept.answer is None or kept.versions != versions:
+                entries = {name: self._worker_entry(ctx, experiment, name, version, kept.workers.get(name))
+                           for name, version in versions}
+                kept.answer, kept.versions, kept.workers = _job_answer(job[0], siblings, entries), versions, entries
+            return kept.answer
+
+    def _worker_version(self, run: str, tags: dict[str, Any]) -> Any:
+        """What changes whenever a worker's data does: its files' version, or the provider's newest samples."""
+        run_dir = self._run_dir(run)
+        if run_dir is not None:
+            return LocalRuns.version(run_dir)
+        return sorted((tag, series.max_step, series.max_wall_time) for tag, series in tags.items())
+
+    def _worker_entry(self, ctx: Any, experiment: str, run: str, version: Any, kept: WorkerEntry | None) -> WorkerEntry:
+        """`kept` while the worker's data is at `version`, else its summary and step bins read anew."""
+        if kept is not None and kept.version == version:
+            return kept
+        self.workers_summarized += 1
+        reader = RunReader(run)
+        run_dir = self._run_dir(run)
+        data = (reader.update_from_files(run_dir) if run_dir is not None
+                else reader.update_from_provider(self._data_provider, ctx, experiment))
+        if data.errors:
+            return WorkerEntry(version, reason=_unreadable(run, data.errors))
+        return WorkerEntry(version, summarize(data), step_bins(data.steps))
 
     def thresholds_impl(self) -> dict[str, Any]:
         """The saved thresholds (or the defaults), the file's path, and whether the tab can save it."""
@@ -368,7 +406,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                             self._live.pop(next(iter(self._live)))
                 cached.data, cached.errors = data, list(data.errors)
         if cached.errors:
-            raise RunDataError(f"Run {run!r} has unreadable rnnmon data: {'; '.join(cached.errors)}")
+            raise RunDataError(_unreadable(run, cached.errors))
         return cached
 
     def _run_dir(self, run: str) -> str | None:
@@ -415,6 +453,33 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             with open(path, "rb") as f:
                 self._plotly_gz = gzip.compress(f.read(), compresslevel=6, mtime=0)
         return self._plotly_gz
+
+
+def _job_answer(job: str, siblings: list[tuple[str, str]], entries: dict[str, WorkerEntry]) -> dict[str, Any]:
+    """/workers' answer for a job from its workers' entries (`siblings`: (worker, run) in index order)."""
+    summaries, left_out = [], []
+    for worker, name in siblings:
+        entry = entries[name]
+        if entry.summary is None:
+            left_out.append({"worker": worker, "run": name, "reason": entry.reason})
+            continue
+        if entry.summary["verdict"] == "insufficient-data":  # compare_workers leaves it out
+            left_out.append({"worker": worker, "run": name, "reason": "too few steps to compare"})
+        summaries.append(entry.summary)
+    groups = compare_workers(summaries)
+    group = groups[0] if groups else {"job": job, "workers": [], "findings": []}
+    straggler = next((f["where"] for f in group["findings"] if f["code"] == "STRAGGLER"), None)
+
+    def first(row: dict[str, Any]) -> tuple[bool, float]:  # the straggler, then the longest stall per step
+        return row["worker"] != straggler, -((row["input_wait_ms"] or 0.0) + row["host_gap_ms"])
+
+    workers = sorted(group["workers"], key=first)  # stable: ties stay in index order
+    bins = [(worker, entries[name].bins) for worker, name in siblings if entries[name].summary is not None]
+    return {**group, "workers": workers, "straggler": straggler, "left_out": left_out, "heatmap": heatmap(bins)}
+
+
+def _unreadable(run: str, problems: list[str]) -> str:
+    return f"Run {run!r} has unreadable rnnmon data: {'; '.join(problems)}"
 
 
 def _static_file(name: str, mimetype: str) -> Any:

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -215,6 +216,42 @@ def test_workers_lists_the_workers_it_leaves_out_with_the_reason(tmp_path):
         assert left_out[worker]["run"] == f"job/{worker}/rnnmon"
     assert left_out["worker-4"]["reason"] == "too few steps to compare"
     assert get(plugin_client(str(tmp_path)), "workers", run="job/worker-1/rnnmon")[1]["left_out"]  # from any worker
+
+
+def test_workers_of_a_256_worker_job_are_summarized_once_per_version_straggler_first(tmp_path):
+    # /workers re-summarized every worker at every request (3.2 s at 256 workers; the tab's chart waited for it).
+    start = time.time() - 600
+    for index in range(256):  # worker-37 waits 10 ms more per step for its input
+        write_gpu_run(str(tmp_path / "job" / f"worker-{index}" / "rnnmon"), 4, start=start,
+                      wait_s=0.016 if index == 37 else 0.006)
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
+    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider))
+    client = werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+    status, body = get(client, "workers", run="job/worker-0/rnnmon")
+    assert status == 200 and len(body["workers"]) == 256 and not body["left_out"]
+    assert plugin.workers_summarized == 256
+    assert body["straggler"] == body["workers"][0]["worker"] == body["findings"][0]["where"] == "worker-37"
+    waits = [row["input_wait_ms"] + row["host_gap_ms"] for row in body["workers"][1:]]
+    assert waits == sorted(waits, reverse=True)  # then the longest stall per step
+    view = body["heatmap"]  # worker x time: a row per worker in index order
+    assert view["workers"] == [f"worker-{index}" for index in range(256)] and view["columns"] == 60
+    assert len(view["step_ms"]) == len(view["wait_share"]) == 256
+    assert all(len(row) == 60 for row in view["step_ms"] + view["wait_share"])
+    share = [statistics.fmean(v for v in row if v is not None) for row in view["wait_share"]]
+    assert share[37] > 2 * max(share[:37] + share[38:])
+    assert 17.5 < statistics.median(v for v in view["step_ms"][0] if v is not None) < 18.5  # 0.9 x a 20 ms step
+    began = time.monotonic()
+    again = get(client, "workers", run="job/worker-200/rnnmon")  # any worker's run: the same job
+    assert again == (status, body) and plugin.workers_summarized == 256  # nothing changed: nothing read again
+    assert time.monotonic() - began < 1.0  # 0.03 s here; 3.2 s when every worker was summarized again
+    write_gpu_run(str(tmp_path / "job" / "worker-5" / "rnnmon"), 2, start=start + 100)  # worker-5 grows
+    status, changed = get(client, "workers", run="job/worker-0/rnnmon")
+    assert status == 200 and plugin.workers_summarized == 257  # that worker only
+    assert changed["heatmap"]["bin_s"] > body["heatmap"]["bin_s"]  # its new steps widen the job's span
+    assert changed["workers"][0]["worker"] == "worker-37"
 
 
 def test_trials_of_a_search_are_listed_by_trial_with_their_hyperparameters(tmp_path):

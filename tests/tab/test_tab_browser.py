@@ -36,6 +36,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 PLOT = "document.getElementById('rm-plot')"
+FLEET = 14  # workers of the job "sweep"
+WORKER_ROWS = "#rm-workers tbody tr:not(.rm-worker-left-out)"
 GPU_RUN = "gpu <img src=x onerror=window.pwned=1>"  # markup in a run name must show as text, never run
 GPU_RUN_ALERTS = [  # (rule, device, start, end, value, threshold, message); times in seconds since the run began
     ("gpu_util_low", 0, 14.0, 19.0, 12.5, 20.0, "GPU 0 utilization averaged 12.5% over the last 2 s (alert below "
@@ -102,6 +104,9 @@ def logdir(tmp_path_factory):
     for index, wait_s in ((0, 0.001), (1, 0.015)):  # two workers of one job; worker-1 waits for input
         write_gpu_run(str(root / "job" / f"worker-{index}" / "rnnmon"), 20, start=start, wait_s=wait_s)
     write_unreadable_run(str(root / "job" / "worker-2" / "rnnmon"))  # a damaged worker: left out, with the reason
+    for index in range(FLEET):  # a larger job: more workers than the table shows at first; worker-7 waits for input
+        write_gpu_run(str(root / "sweep" / f"worker-{index}" / "rnnmon"), 8, start=start,
+                      wait_s=0.016 if index == 7 else 0.001 * (index % 4 + 1))
     return root
 
 
@@ -273,9 +278,9 @@ def test_workers_of_a_job_side_by_side_with_the_straggler(tab):
     page, frame, problems, _ = tab
     _select(frame, "job/worker-1/rnnmon")
     frame.wait_for_selector("#rm-workers:not([hidden]) tbody tr", timeout=30_000)
-    rows = frame.locator("#rm-workers tbody tr:not(.rm-worker-left-out)")
-    assert [rows.nth(i).get_attribute("data-worker") for i in range(rows.count())] == ["worker-0", "worker-1"]
-    assert "rm-alert-firing" in rows.nth(1).get_attribute("class")  # the straggler stands out
+    rows = frame.locator(WORKER_ROWS)
+    assert [rows.nth(i).get_attribute("data-worker") for i in range(rows.count())] == ["worker-1", "worker-0"]
+    assert "rm-alert-firing" in rows.nth(0).get_attribute("class")  # the straggler first, and it stands out
     left_out = frame.locator("#rm-workers tbody tr.rm-worker-left-out")
     assert left_out.count() == 1 and left_out.get_attribute("data-worker") == "worker-2"
     assert "left out: Run 'job/worker-2/rnnmon' has unreadable rnnmon data" in left_out.inner_text()
@@ -285,6 +290,71 @@ def test_workers_of_a_job_side_by_side_with_the_straggler(tab):
     _select(frame, "input_bound/rnnmon")  # not a worker: no table
     frame.wait_for_selector("#rm-workers", state="hidden", timeout=30_000)
     assert not problems
+
+
+def _workers_shown(frame) -> list[str]:
+    return frame.locator(WORKER_ROWS).evaluate_all("(nodes) => nodes.map((node) => node.dataset.worker)")
+
+
+def _wait_for_workers(frame, expected: list[str]) -> None:
+    frame.wait_for_function(f"""(expected) => JSON.stringify([...document.querySelectorAll('{WORKER_ROWS}')]
+        .map((node) => node.dataset.worker)) === JSON.stringify(expected)""", arg=expected, timeout=10_000)
+
+
+def test_a_jobs_workers_sort_on_a_header_click_and_show_a_worker_by_time_view(tab, tensorboard):
+    # 256 rows in index order, no sort, above the chart: the straggler and the chart were screens away.
+    page, frame, problems, _ = tab
+    _select(frame, "sweep/worker-0/rnnmon")
+    frame.wait_for_selector("#rm-workers:not([hidden]) tbody tr", timeout=30_000)
+    answer = _route(tensorboard, "workers", run="sweep/worker-0/rnnmon")
+    assert _workers_shown(frame) == [row["worker"] for row in answer["workers"]][:10]  # the first 10
+    assert _workers_shown(frame)[0] == answer["straggler"] == "worker-7"  # the straggler first
+    assert frame.evaluate("() => document.getElementById('rm-workers').getBoundingClientRect().top") > frame.evaluate(
+        f"() => {PLOT}.getBoundingClientRect().top")  # the chart first
+    frame.click(f"text=Show all {FLEET} workers")
+    _wait_for_workers(frame, [row["worker"] for row in answer["workers"]])
+    frame.click("#rm-workers th[data-sort=worker]")
+    _wait_for_workers(frame, [f"worker-{index}" for index in range(FLEET)])  # worker-2 before worker-10
+    frame.click("#rm-workers th[data-sort=worker]")  # again: reversed
+    _wait_for_workers(frame, [f"worker-{index}" for index in reversed(range(FLEET))])
+    assert frame.get_attribute("#rm-workers th[data-sort=worker]", "aria-sort") == "descending"
+    frame.click("#rm-workers th[data-sort=input_wait_ms]")  # the longest wait first
+    wait = {row["worker"]: row["input_wait_ms"] for row in answer["workers"]}
+    frame.wait_for_function("() => document.querySelector('#rm-workers th[data-sort=input_wait_ms]')"
+                            ".getAttribute('aria-sort') === 'descending'", timeout=10_000)
+    shown = [wait[worker] for worker in _workers_shown(frame)]
+    assert len(shown) == FLEET and shown == sorted(shown, reverse=True) and len(set(shown)) > 2
+    frame.click("#rm-workers th[data-sort=input_wait_ms]")
+    frame.wait_for_function("() => document.querySelector('#rm-workers th[data-sort=input_wait_ms]')"
+                            ".getAttribute('aria-sort') === 'ascending'", timeout=10_000)
+    shown = [wait[worker] for worker in _workers_shown(frame)]
+    assert shown == sorted(shown)
+    heat = "document.getElementById('rm-workers-heatmap')"
+    frame.wait_for_function(f"() => {heat} && {heat}.data && {heat}.data.length === 2", timeout=10_000)
+    drawn = frame.evaluate(f"""() => {heat}.data.map((t) => ({{type: t.type, rows: t.z.length, y: t.y,
+        columns: t.z[0].length}}))""")
+    assert [t["type"] for t in drawn] == ["heatmap", "heatmap"]
+    assert all(t["rows"] == FLEET and t["y"] == answer["heatmap"]["workers"] and t["columns"] == 60 for t in drawn)
+    assert frame.evaluate(f"() => {heat}.querySelectorAll('.hm, image').length") > 0  # plotly drew the cells
+    _screenshot(page, "tab_workers_sweep.png")
+    assert not problems
+
+
+def test_a_workers_chart_never_waits_for_its_jobs_workers(browser, tensorboard):
+    # Each refresh awaited /workers (3.2 s at 256 workers) before the chart and the cards were drawn.
+    page, frame, problems, _ = _open_tab(browser, tensorboard)
+    held = []
+    page.route("**/data/plugin/rnnmon/workers*", lambda route: held.append(route))  # asked, never answered
+    try:
+        _select(frame, "sweep/worker-3/rnnmon")  # the card shows its steps
+        frame.wait_for_function(f"""() => {PLOT}.layout && !{PLOT}.hidden
+            && {PLOT}.layout.annotations.some((a) => a.text === 'sweep/worker-3')""", timeout=30_000)  # its chart
+        assert held and frame.locator("#rm-workers").is_hidden()  # /workers is still unanswered
+    finally:
+        for route in held:
+            route.abort()
+        page.close()
+    assert not [p for p in problems if "ERR_FAILED" not in p]
 
 
 def test_gpu_run_and_an_unreadable_run(tab, tensorboard):

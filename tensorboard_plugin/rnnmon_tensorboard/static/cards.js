@@ -1,10 +1,9 @@
-// The tab's cards and lists: a card per selected run (status, verdict, tiles, its top findings and alerts), the
-// workers of a multi-worker job side by side, and the alerts of the runs shown. Data from runs (names, findings,
+// The tab's cards and lists: a card per selected run (status, verdict, tiles, its top findings and alerts) and the
+// alerts of the runs shown (the workers of a multi-worker job are in workers.js). Data from runs (names, findings,
 // alert messages) reaches the DOM only through textContent.
 //
 // Example:
 //   drawRunCards(section, selected, results);   // selected: /runs entries; results: run → {timeline, summary}
-//   drawWorkers(section, await getJson("workers", {run}));
 //   drawAlerts(section, selected, results);
 
 import {ALERT_LIMIT, el, fixed, pct, short} from "./dom.js";
@@ -17,44 +16,6 @@ const STATUS_TEXT = {live: "live", stalled: "no new data", finished: "finished",
 export function drawRunCards(section, runs, results) {
   section.style.gridTemplateColumns = `repeat(${Math.max(1, runs.length)}, minmax(0, 1fr))`;
   section.replaceChildren(...runs.map((run) => card(run, results.get(run.run))));
-}
-
-// The workers of a multi-worker job side by side, with the straggler, then those left out with the reason (see
-// /workers); hidden without `group`.
-export function drawWorkers(section, group) {
-  const ms = (value) => (value === null || value === undefined ? "n/a" : `${fixed(value, 2)} ms`);
-  const leftOut = group?.left_out || [];
-  section.hidden = !group?.workers?.length && !leftOut.length;
-  if (section.hidden) return;
-  const table = el("table", "rm-alert-table rm-workers-table");
-  const top = el("tr");
-  for (const title of ["Worker", "Median step", "Input wait", "Host gap", "GPU idle"]) top.append(el("th", "", title));
-  const thead = el("thead");
-  thead.append(top);
-  const tbody = el("tbody");
-  const straggler = group.findings[0];
-  for (const row of group.workers) {
-    const tr = el("tr", straggler?.where === row.worker ? "rm-alert-firing" : "");
-    tr.dataset.worker = row.worker;
-    tr.append(el("td", "", row.worker), el("td", "", ms(row.step_ms)), el("td", "", ms(row.input_wait_ms)),
-      el("td", "", pct(row.host_gap_fraction)), el("td", "", pct(row.gpu_idle_fraction)));
-    tbody.append(tr);
-  }
-  for (const row of leftOut) {
-    const tr = el("tr", "rm-worker-left-out");
-    tr.dataset.worker = row.worker;
-    const reason = el("td", "", `left out: ${row.reason}`);
-    reason.colSpan = 4;
-    tr.append(el("td", "", row.worker), reason);
-    tbody.append(tr);
-  }
-  table.append(thead, tbody);
-  const head = el("div", "rm-alerts-head");
-  const counts = `job ${group.job}, ${group.workers.length} workers${leftOut.length ? `, ${leftOut.length} left out` : ""}`;
-  head.append(el("h2", "", "Workers"), el("span", "rm-muted", counts));
-  const parts = [head, table];
-  if (straggler) parts.push(el("p", "rm-straggler", `${straggler.code} at ${straggler.where}: ${straggler.message}`));
-  section.replaceChildren(...parts);
 }
 
 function card(run, result) {

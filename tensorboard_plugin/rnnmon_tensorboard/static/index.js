@@ -3,21 +3,23 @@
 // A plain ES module that TensorBoard loads in an iframe and calls `render()` on. It builds the page, holds the
 // tab's state (the runs listed, the two selected, the zoomed view, each run's data) and wires the parts together:
 // polling.js reads the plugin's routes (see http_api.md) while a run is live, chart.js draws one plotly figure
-// whose subplots share a time axis (a column per compared run), cards.js the run cards, the workers table and the
-// alert list, and thresholds.js the alert thresholds panel. Data from runs reaches the DOM only through
+// whose subplots share a time axis (a column per compared run), cards.js the run cards and the alert list,
+// workers.js the workers of a multi-worker job (read on their own: the chart never waits for them), and
+// thresholds.js the alert thresholds panel. Data from runs reaches the DOM only through
 // textContent, and plotly only through `plotlyText`, which escapes markup.
 //
 // Example (what TensorBoard's iframe does):
 //   import("./index.js").then((m) => m.render());
 
-import {drawAlerts, drawRunCards, drawWorkers} from "./cards.js";
+import {drawAlerts, drawRunCards} from "./cards.js";
 import {drawChart, loadPlotly} from "./chart.js";
 import {ROUTE, el} from "./dom.js";
-import {pollForever, readRunData, readRuns, selectedRuns, staleRuns} from "./polling.js";
+import {pollForever, readRunData, readRuns, readWorkers, selectedRuns, staleRuns, workersSignature} from "./polling.js";
 import {buildThresholdsPanel, loadThresholds, noteRuns, onThresholdsChange} from "./thresholds.js";
+import {drawWorkers} from "./workers.js";
 
 const state = {runs: [], workerRun: null, selected: ["", ""], view: null, results: new Map(), written: new Map(),
-  statuses: "", workers: null};
+  statuses: "", workers: ""}; // workers: the signature of the /workers answer drawn or being read
 const ui = {};
 
 export async function render() {
@@ -49,6 +51,7 @@ async function poll() {
     return;
   }
   hideMessage();
+  updateWorkers(); // not awaited: the run's chart and cards never wait for its job's workers
   const stale = staleRuns(state);
   const statuses = selectedRuns(state).map((run) => `${run.run}:${run.status}`).join("|");
   if (stale.length) await refresh(stale.map((run) => run.run));
@@ -66,8 +69,18 @@ async function refresh(names) {
 function updateCards() {
   const runs = selectedRuns(state);
   drawRunCards(ui.cards, runs, state.results);
-  drawWorkers(ui.workers, state.workers);
   drawAlerts(ui.alerts, runs, state.results);
+}
+
+// Reads and draws /workers when the first selected run or its job's data changed since the last read.
+async function updateWorkers() {
+  const signature = workersSignature(state);
+  if (signature === state.workers) return;
+  state.workers = signature;
+  const group = signature ? await readWorkers(state) : null;
+  if (state.workers !== signature) return; // the selection or the job changed meanwhile: that read wins
+  if (!group) state.workers = ""; // failed: read again at the next poll
+  drawWorkers(ui.workers, group);
 }
 
 function updateChart() {
@@ -118,13 +131,14 @@ function buildSkeleton() {
   ui.alerts = el("section", "rm-alerts");
   ui.alerts.id = "rm-alerts";
   ui.alerts.hidden = true;
-  app.append(header, thresholds.section, ui.message, ui.cards, ui.workers, ui.plot, ui.alerts);
+  app.append(header, thresholds.section, ui.message, ui.cards, ui.plot, ui.workers, ui.alerts);
   document.body.append(app);
   for (const [index, select] of [ui.runA, ui.runB].entries()) {
     select.addEventListener("change", () => {
       state.selected[index] = select.value;
       if (index === 0 && state.selected[1] === select.value) state.selected[1] = "";
       updateSelectors();
+      updateWorkers();
       refresh(selectedRuns(state).map((run) => run.run));
     });
   }

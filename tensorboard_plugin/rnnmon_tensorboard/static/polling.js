@@ -1,6 +1,7 @@
-// Reading the plugin's routes into the tab's state: the run list (/runs) at every poll, and the selected runs'
-// /timeline and /summary, with /workers for a worker of a multi-worker job, when they have new data or the view
-// changes. TensorBoard's reload button never reaches the tab's iframe, so the tab polls on its own.
+// Reading the plugin's routes into the tab's state: the run list (/runs) at every poll, the selected runs'
+// /timeline and /summary when they have new data or the view changes, and, on its own, /workers for a worker of a
+// multi-worker job when any of the job's workers has new data (the chart never waits for it). TensorBoard's reload
+// button never reaches the tab's iframe, so the tab polls on its own.
 //
 // Example:
 //   await pollForever(async () => {
@@ -47,9 +48,8 @@ export function staleRuns(state) {
 }
 
 // Each of the runs `names`: its timeline over the current view (about `width` points across the selected runs)
-// and its summary, or the error, into `state.results`; then the workers of the first selected run's job, if it is a
-// worker's run, into `state.workers`. A run read for a view that changed meanwhile is dropped: the read for the new
-// view wins.
+// and its summary, or the error, into `state.results`. A run read for a view that changed meanwhile is dropped: the
+// read for the new view wins.
 export async function readRunData(state, names, width) {
   const points = Math.max(200, Math.round(width / Math.max(1, selectedRuns(state).length)));
   const view = state.view;
@@ -68,6 +68,24 @@ export async function readRunData(state, names, width) {
     state.results.set(name, result);
     state.written.set(name, written);
   }));
+}
+
+// What /workers answers changes with, for the first selected run: its name and its job's newest write; "" when it is
+// no worker's run.
+export function workersSignature(state) {
   const first = state.selected[0];
-  state.workers = state.workerRun?.test(first) ? await getJson("workers", {run: first}).catch(() => null) : null;
+  if (!state.workerRun?.test(first)) return "";
+  const job = jobOf(first);
+  const newest = Math.max(...state.runs.filter((run) => state.workerRun.test(run.run) && jobOf(run.run) === job)
+    .map((run) => run.last_write));
+  return `${first}@${newest}`;
+}
+
+function jobOf(run) {
+  return run.split("/").slice(0, -2).join("/"); // [job/]worker-<index>/rnnmon
+}
+
+// /workers for the first selected run (null when it fails).
+export function readWorkers(state) {
+  return getJson("workers", {run: state.selected[0]}).catch(() => null);
 }
