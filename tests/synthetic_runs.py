@@ -98,10 +98,15 @@ def write_bad_description_run(run_dir: str) -> None:
     writer.close()
 
 
-def truncate_event_file(run_dir: str, keep: float = 0.6) -> None:
-    """Cut the run's event file mid-record, as a crash during a write or a partial copy would."""
+def truncate_event_file(run_dir: str, keep: float = 0.6, age_s: float = 0.0) -> None:
+    """Cut the run's event file mid-record, as a crash during a write or a partial copy would; `age_s` > 0 dates
+    the run's files that long ago (a cut a minute old is damage: no writer is still finishing the record)."""
     path = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))[0]
     with open(path, "rb") as f:
         data = f.read()
     with open(path, "wb") as f:
         f.write(data[: int(len(data) * keep)])
+    if age_s:
+        then = time.time() - age_s
+        for name in os.listdir(run_dir):
+            os.utime(os.path.join(run_dir, name), (then, then))

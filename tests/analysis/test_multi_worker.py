@@ -309,11 +309,7 @@ def test_an_unreadable_tf_config_is_reported_once_per_process(tmp_path, rnnmon_w
 @pytest.mark.slow
 def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
     from conftest import stalled_dataset, tiny_model
-    from rnnmon_tensorboard.plugin import RnnmonPlugin
-    from tensorboard.backend import application
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-    from tensorboard.plugins import base_plugin
-    from werkzeug import test as werkzeug_test
+    from served_plugin import served_plugin
 
     from rnnmon import UtilizationMonitor
 
@@ -322,12 +318,7 @@ def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
         monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
         tiny_model().fit(stalled_dataset(30, stall_s, prefetch="none"), epochs=1, verbose=0,
                          callbacks=[UtilizationMonitor(str(tmp_path / "job"), audit=False)])
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
-    multiplexer.AddRunsFromDirectory(str(tmp_path))
-    multiplexer.Reload()
-    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
-    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider))
-    client = werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+    _, client = served_plugin(str(tmp_path))
 
     answer = client.get("/data/plugin/rnnmon/workers", query_string={"run": "job/worker-0/rnnmon"}).get_json()
     assert answer["job"] == "job" and [w["worker"] for w in answer["workers"]] == ["worker-0", "worker-1"]

@@ -105,7 +105,8 @@ def _event_file(run_dir: str) -> str:
     return path
 
 
-def test_a_live_file_cut_mid_record_then_appended_is_read_on_past_the_cut(tmp_path):
+def _live_run_read_to_step_40(tmp_path):
+    """A live run's writer after 40 steps, a reader that has read them, the run folder and its event file."""
     run_dir = str(tmp_path / "live" / "rnnmon")
     writer = _writer(run_dir)
     for first in range(1, 41, 10):
@@ -113,6 +114,11 @@ def test_a_live_file_cut_mid_record_then_appended_is_read_on_past_the_cut(tmp_pa
     reader = RunReader("live/rnnmon")
     assert len(reader.update_from_files(run_dir).steps) == 40
     path = _event_file(run_dir)
+    return writer, reader, run_dir, path
+
+
+def test_a_live_file_cut_mid_record_then_appended_is_read_on_past_the_cut(tmp_path):
+    writer, reader, run_dir, path = _live_run_read_to_step_40(tmp_path)
     last = len(frame(scan_records(path).records[-1]))
     cut = os.path.getsize(path) - last // 2
     os.truncate(path, cut)  # inside the last record (steps 31-40), which the reader has read
@@ -129,13 +135,7 @@ def test_a_live_file_cut_mid_record_then_appended_is_read_on_past_the_cut(tmp_pa
 
 
 def test_a_live_file_cut_at_a_record_then_rewritten_reads_each_record_once(tmp_path):
-    run_dir = str(tmp_path / "live" / "rnnmon")
-    writer = _writer(run_dir)
-    for first in range(1, 41, 10):
-        _chunk(writer, first)
-    reader = RunReader("live/rnnmon")
-    assert len(reader.update_from_files(run_dir).steps) == 40
-    path = _event_file(run_dir)
+    writer, reader, run_dir, path = _live_run_read_to_step_40(tmp_path)
     with open(path, "rb") as f:
         original = f.read()
     records = scan_records(path).records

@@ -25,6 +25,7 @@ from rnnmon_tensorboard import plugin as plugin_module
 from rnnmon_tensorboard.downsample import MinMaxPyramid, bin_intervals, minmax_indices
 from rnnmon_tensorboard.loader import RnnmonLoader
 from rnnmon_tensorboard.plugin import RnnmonPlugin
+from served_plugin import ROUTE, get, plugin_client, served_plugin
 from synthetic_runs import truncate_event_file, write_bad_description_run, write_gpu_run, write_unreadable_run
 from tensorboard import context
 from tensorboard.backend import application
@@ -49,7 +50,6 @@ from rnnmon.format import schema
 from rnnmon.format.reader import open_logdir, read_runs
 from rnnmon.report import build_report, render_text
 
-ROUTE = "/data/plugin/rnnmon/"
 CHUNKS = 150  # more than either loader keeps by default for an unknown plugin (10 and 100)
 
 
@@ -74,30 +74,13 @@ def logdir(tmp_path_factory):
     write_unreadable_run(str(root / "unreadable" / "rnnmon"))
     write_bad_description_run(str(root / "bad_description" / "rnnmon"))
     write_gpu_run(str(root / "truncated" / "rnnmon"), 20)
-    truncate_event_file(str(root / "truncated" / "rnnmon"))
-    for name in os.listdir(root / "truncated" / "rnnmon"):  # cut a minute ago: no writer is still finishing it
-        os.utime(root / "truncated" / "rnnmon" / name, (time.time() - 60, time.time() - 60))
+    truncate_event_file(str(root / "truncated" / "rnnmon"), age_s=60)  # no writer is still finishing the record
     return str(root)
 
 
 @pytest.fixture(scope="module")
 def client(logdir):
     return plugin_client(logdir)
-
-
-def plugin_client(logdir: str) -> werkzeug_test.Client:
-    """The plugin over TensorBoard's data provider for the runs in `logdir`, as TensorBoard serves it."""
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
-    multiplexer.AddRunsFromDirectory(logdir)
-    multiplexer.Reload()
-    provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
-    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=logdir, data_provider=provider))
-    return werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
-
-
-def get(client, route, **params):
-    response = client.get(ROUTE + route, query_string=params)
-    return response.status_code, (response.get_json() if response.is_json else response.get_data(as_text=True))
 
 
 # --- downsampling -----------------------------------------------------------------------------------------
@@ -202,9 +185,7 @@ def test_workers_lists_the_workers_it_leaves_out_with_the_reason(tmp_path):
     write_unreadable_run(str(job / "worker-1" / "rnnmon"))
     write_bad_description_run(str(job / "worker-3" / "rnnmon"))
     write_gpu_run(str(job / "worker-10" / "rnnmon"), 10)
-    truncate_event_file(str(job / "worker-10" / "rnnmon"))
-    for name in os.listdir(job / "worker-10" / "rnnmon"):  # cut a minute ago: no writer is still finishing it
-        os.utime(job / "worker-10" / "rnnmon" / name, (time.time() - 60, time.time() - 60))
+    truncate_event_file(str(job / "worker-10" / "rnnmon"), age_s=60)  # no writer is still finishing the record
     write_gpu_run(str(job / "worker-4" / "rnnmon"), 1)  # 5 steps: too few to compare
     status, body = get(plugin_client(str(tmp_path)), "workers", run="job/worker-0/rnnmon")
     assert status == 200 and [row["worker"] for row in body["workers"]] == ["worker-0", "worker-2", "worker-5"]
@@ -224,12 +205,7 @@ def test_workers_of_a_256_worker_job_are_summarized_once_per_version_straggler_f
     for index in range(256):  # worker-37 waits 10 ms more per step for its input
         write_gpu_run(str(tmp_path / "job" / f"worker-{index}" / "rnnmon"), 4, start=start,
                       wait_s=0.016 if index == 37 else 0.006)
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
-    multiplexer.AddRunsFromDirectory(str(tmp_path))
-    multiplexer.Reload()
-    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
-    plugin = RnnmonPlugin(base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider))
-    client = werkzeug_test.Client(application.TensorBoardWSGI([plugin], data_provider=provider))
+    plugin, client = served_plugin(str(tmp_path))
     status, body = get(client, "workers", run="job/worker-0/rnnmon")
     assert status == 200 and len(body["workers"]) == 256 and not body["left_out"]
     assert plugin.workers_summarized == 256
