@@ -7,8 +7,9 @@ profilers; on other backends the capture says it is unavailable.
 The Profile tab (XProf) groups a TensorFlow trace into steps by step markers. While a capture runs, each timed
 step, the batch fetch included, is wrapped in a `train` marker (`step_marker`): XProf then finds the steps and
 how much of each the input took. A `tf.while_loop` defeats that grouping (each loop iteration takes over), and
-a default LSTM/GRU runs one in every step: for such a model (`loop_note`) the alert, the log line and the run's
-`profile` record say so, and that rnnmon's own per-step timings are the measure.
+a default LSTM/GRU runs one in every step without a GPU, or where it misses the cuDNN kernel: for such a model
+(`loop_note`) the alert, the log line and the run's `profile` record say so, and that rnnmon's own per-step
+timings are the measure.
 
 Example:
     >>> capture = ProfileCapture("runs/exp1/rnnmon", steps=10, model=model)
@@ -26,21 +27,24 @@ from typing import Any
 
 import keras
 
+from rnnmon.audit.rnn_layers import while_loop_layers
+
 LOG = logging.getLogger("rnnmon")
 
 SHORT_SEQUENCE = 32  # up to this many timesteps, unrolling the RNN (or XLA) is a fair way to lose the loop
 
 
 def loop_note(model: Any, backend: str | None = None) -> str:
-    """Why the Profile tab cannot group `model`'s steps on TensorFlow ("" where it can): its RNN layers with
-    `unroll=False` run a `tf.while_loop` in every step, unless the model compiles with `jit_compile=True`."""
+    """Why the Profile tab cannot group `model`'s steps on TensorFlow ("" where it can): its RNN layers that run a
+    `tf.while_loop` in every step (`while_loop_layers`), unless the model compiles with `jit_compile=True`."""
     if (backend or keras.backend.backend()) != "tensorflow" or getattr(model, "jit_compile", False) is True:
         return ""
-    looped = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
-              if isinstance(layer, keras.layers.RNN) and not layer.unroll]
+    import tensorflow as tf
+
+    looped = while_loop_layers(model, gpu=bool(tf.config.list_logical_devices("GPU")))
     if not looped:
         return ""
-    names = ", ".join(sorted({f"'{layer.name}'" for layer in looped}))
+    names = ", ".join(f"'{where}'" for where in looped)
     note = (f"The Profile tab cannot group this model's steps: its RNN layer(s) {names} run a tf.while_loop in "
             "every step, and XProf takes the loop's iterations for its steps (\"No step marker observed\"). The "
             "trace still shows the ops; rnnmon's own per-step timings (step time, input wait, host gap) are the "
@@ -48,7 +52,8 @@ def loop_note(model: Any, backend: str | None = None) -> str:
     timesteps = _timesteps(model)
     if timesteps is not None and timesteps <= SHORT_SEQUENCE:
         note += (f" With {timesteps} timesteps, `unroll=True` on the RNN layers or `model.compile(..., "
-                 "jit_compile=True)` removes the loop, and the Profile tab then groups the steps.")
+                 "jit_compile=True)` removes the loop for a profiling run, and the Profile tab then groups the "
+                 "steps (on a GPU, unrolling gives up the cuDNN kernel).")
     return note
 
 

@@ -8,19 +8,28 @@ import os
 
 import keras
 import pytest
+import tensorflow as tf
 from conftest import FEATURES, TIMESTEPS, read_run, stalled_dataset
 
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
+from rnnmon.audit.rnn_layers import while_loop_layers
 from rnnmon.capture.profiling import loop_note
 
 CAPTURED = 20
+# A default LSTM runs a tf.while_loop in every step without a GPU; with one, its cuDNN kernel has no loop.
+GPU = bool(tf.config.list_logical_devices("GPU"))
+
+
+def _looping_lstm(units: int) -> keras.layers.LSTM:
+    """A default LSTM, or on a GPU one kept off cuDNN, as it is with a blocker (see rnnmon.audit.rnn_layers)."""
+    return keras.layers.LSTM(units, use_cudnn=False) if GPU else keras.layers.LSTM(units)
 INPUT_WAIT = {"input_wait_high": {"pct": 20.0, "resolve_pct": 10.0, "for_s": 0.3}}
 
 
 def _lstm(timesteps: int = TIMESTEPS, rnn: keras.layers.Layer | None = None, jit_compile: bool | str = "auto"):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((timesteps, FEATURES)), rnn or keras.layers.LSTM(16), keras.layers.Dense(1)])
+    model = keras.Sequential([keras.Input((timesteps, FEATURES)), rnn or _looping_lstm(16), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse", jit_compile=jit_compile)
     return model
 
@@ -100,4 +109,14 @@ def test_the_loop_note_names_unrolling_only_for_short_sequences():
 def test_no_loop_note_without_a_while_loop():
     assert loop_note(_lstm(rnn=keras.layers.GRU(8, unroll=True))) == ""
     assert loop_note(_lstm(jit_compile=True)) == ""
-    assert "tf.while_loop" in loop_note(_lstm(rnn=keras.layers.Bidirectional(keras.layers.LSTM(8))))
+    assert "tf.while_loop" in loop_note(_lstm(rnn=keras.layers.Bidirectional(_looping_lstm(8))))
+
+
+def test_with_a_gpu_only_rnn_layers_without_the_cudnn_kernel_loop():
+    inputs = keras.Input((TIMESTEPS, FEATURES))
+    sequence = keras.layers.LSTM(8, return_sequences=True, name="fast")(inputs)
+    generic = keras.layers.GRU(8, recurrent_dropout=0.1, name="slow")  # no cuDNN kernel with recurrent dropout
+    model = keras.Model(inputs, keras.layers.Bidirectional(generic, name="bi")(sequence))
+    looped = while_loop_layers(model, gpu=False)
+    assert looped[0] == "fast" and len(looped) == 3 and all(path.startswith("bi/") for path in looped[1:]), looped
+    assert while_loop_layers(model, gpu=True) == looped[1:]
