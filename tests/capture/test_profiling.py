@@ -63,9 +63,11 @@ def _xprof(traces: list[str], tool: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_capture_without_a_loop_is_grouped_into_steps_by_xprof(tmp_path, rnnmon_warnings):
+@pytest.mark.parametrize("no_loop", ["unroll", "jit_compile"])
+def test_a_capture_without_a_loop_is_grouped_into_steps_by_xprof(tmp_path, rnnmon_warnings, no_loop):
     pytest.importorskip("xprof.convert.raw_to_tool_data")
-    traces = _fit_with_a_capture(_lstm(rnn=keras.layers.LSTM(16, unroll=True)), str(tmp_path))
+    model = (_lstm(rnn=keras.layers.LSTM(16, unroll=True)) if no_loop == "unroll" else _lstm(jit_compile=True))
+    traces = _fit_with_a_capture(model, str(tmp_path))
     assert len(traces) == 1, traces
     run = read_run(str(tmp_path))
     assert run.info["profile"]["step_markers"] is True and run.info["profile"]["note"] == ""
