@@ -280,9 +280,11 @@ class UtilizationMonitor(keras.callbacks.Callback):
         except BaseException:
             self._run_lock.release()
             raise
-        self._profile = ProfileCapture(self.run_dir, self.profile_steps_on_alert)
+        self._profile_noted = False
+        self._profile = ProfileCapture(self.run_dir, self.profile_steps_on_alert, self.model, self._on_profile)
         self._alerting = Alerting(self.thresholds, log_dir=self.log_dir, writer=self._writer,
                                   wall_offset_s=self._wall_offset, on_alert=self.on_alert, on_fire=self._on_fire,
+                                  amend=self._profile_note,
                                   on_change=self._on_thresholds_change, watch_file=self.watch_thresholds,
                                   thresholds_root=self.thresholds_root,
                                   input_advice=input_advice(self._input_kind, keras.backend.backend()))
@@ -520,7 +522,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if backend == "jax":
             wrap_jax_train_function(self.model, self._on_wait, self._on_error, self._is_live)
         else:
-            wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live, self._on_first_batch)
+            wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live, self._on_first_batch,
+                                self._profile.step_marker)
         return "measured"
 
     def _on_first_batch(self, batch: Any, iterator: Any) -> None:
@@ -529,6 +532,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if floors:
             self._run_info.update(floors)
             self._writer.json(schema.RUN_TAG, self._run_info)
+
+    def _on_profile(self, record: dict[str, Any]) -> None:
+        self._run_info.update(profile=record)
+        self._writer.json(schema.RUN_TAG, self._run_info)
 
     def _on_thresholds_change(self, alerting: Alerting) -> None:
         self._run_info.update(thresholds=alerting.thresholds.to_dict(), thresholds_source=alerting.source)
@@ -540,6 +547,13 @@ class UtilizationMonitor(keras.callbacks.Callback):
             LOG.warning("rnnmon: stopping training because %s fired (stop_on_alert).", event.rule)
             self.model.stop_training = True
         self._profile.request(event.rule)
+
+    def _profile_note(self, event: AlertEvent) -> AlertEvent:
+        """The alert that starts a profile capture says where the Profile tab cannot group this model's steps."""
+        if self._profile.will_capture() and self._profile.note and not self._profile_noted:
+            self._profile_noted = True
+            return dataclasses.replace(event, message=f"{event.message} Profile: {self._profile.note}")
+        return event
 
     def _audit_setup(self) -> None:
         """RNN layers, the user's training input and device placement, checked once per fit before the first step."""

@@ -41,6 +41,8 @@ class Alerting:
         on_alert: Called with every event, on a thread of its own (see rnnmon.alerts.hooks).
         on_fire: Called with every firing event on the writer thread (stop training, start a profile): it must
             not wait on anything.
+        amend: Called with every firing event on the writer thread before it is recorded, logged or delivered;
+            returns the event to deliver (its message may say more, e.g. about the profile it starts).
         on_change: Called with this object when a thresholds file replaces the thresholds during the fit, on
             any flush, with steps in it or not.
         watch_file: Follow the thresholds file. Defaults to `True`.
@@ -53,6 +55,7 @@ class Alerting:
     def __init__(self, thresholds: Thresholds, *, log_dir: str, writer: SummaryWriter, wall_offset_s: float,
                  on_alert: Callable[[AlertEvent], None] | None = None,
                  on_fire: Callable[[AlertEvent], None] | None = None,
+                 amend: Callable[[AlertEvent], AlertEvent] | None = None,
                  on_change: Callable[[Alerting], None] | None = None, watch_file: bool = True,
                  thresholds_root: str | None = None, input_advice: str | None = None) -> None:
         self._writer = writer
@@ -60,6 +63,7 @@ class Alerting:
         self._wall_offset_s = wall_offset_s
         self._hooks = HookThread(on_alert) if on_alert is not None else None
         self._on_fire = on_fire
+        self._amend = amend
         self._on_change = on_change
         self._latest = -math.inf  # the latest time the chunks reached: alerts of replaced thresholds end there
         self.source = "callback"  # or the path of the thresholds file in use
@@ -128,6 +132,8 @@ class Alerting:
     def _deliver(self, events: list[AlertEvent]) -> None:
         if not events:
             return
+        if self._amend is not None:
+            events = [self._amend(event) if event.state == "firing" else event for event in events]
         self._writer.json(schema.ALERTS_TAG, [event.to_dict() for event in events])
         for event in events:
             where = "" if event.device is None else f" (GPU {event.device})"

@@ -77,6 +77,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "input_wait_ms": _percentiles(1e3 * wait / np.maximum(batches, 1)) if measured else None,
         "input_wait_measured": run.info.get("input_wait", "measured" if measured else "not measured"),
         "input_kind": run.info.get("input_kind"),  # tf.data, DataLoader, PyDataset, generator; None: other
+        "profile": run.info.get("profile"),  # the profile capture on alert (rnnmon.capture.profiling), or None
         "input_wait_fraction": _ratio(np.nansum(wait), wall) if measured else None,
         "host_gap_fraction": _ratio(gap.sum(), wall),
         "eval_fraction": _ratio(phase_s["eval"], wall),

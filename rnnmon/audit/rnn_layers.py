@@ -136,6 +136,15 @@ def audit_rnn_layers(model: Any, backend: str | None = None,
     return findings
 
 
+def while_loop_layers(model: Any, gpu: bool) -> list[str]:
+    """The paths of the RNN layers that run a `tf.while_loop` in every TensorFlow step: each one with
+    `unroll=False`, except, with a GPU, an LSTM/GRU that takes the cuDNN kernel (a masked one is counted as a
+    loop: its kernel runs only on right-padded masks)."""
+    blocked = {f.where for f in audit_rnn_layers(model, "tensorflow") if f.code == "RNN_NO_FAST_KERNEL"}
+    return [where for layer, where, masked in _walk(model, "", False, set())
+            if not layer.unroll and not (gpu and _lstm_gru_cells(layer.cell) and where not in blocked and not masked)]
+
+
 def _backend_finding(layer: Any, where: str, layer_class: str, backend: str, version: tuple[int, int],
                      rule: KernelRule) -> Finding:
     """No cuDNN kernel for this layer class on this backend at all: name the backends that have one."""

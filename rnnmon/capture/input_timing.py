@@ -56,12 +56,14 @@ def batch_shapes(batch: Any) -> Shapes:
 
 def wrap_train_function(model: Any, on_wait: Callable[[float, int, Shapes | None], None],
                         on_error: Callable[[BaseException], None], live: Callable[[FrameType], bool],
-                        on_first_batch: Callable[[Any, Any], None] | None = None) -> None:
+                        on_first_batch: Callable[[Any, Any], None] | None = None,
+                        step_marker: Callable[[], contextlib.AbstractContextManager | None] | None = None) -> None:
     """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit).
 
     `on_wait(seconds, batches, shapes)` gets each step's wait, batch count and first batch's shapes.
     `on_first_batch` gets the first batch the wrapper fetched and the iterator it came from, before the step runs
-    on it.
+    on it. `step_marker()` gives a context (a profiler step marker) to wrap the whole step in, fetch included, or
+    None (every step outside a capture).
 
     Once `live(caller_frame)` is False (its monitor has stopped, or its fit is over) the wrapper passes the
     call straight through and removes itself.
@@ -84,6 +86,13 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int, Shapes | None
         if "trace" in pending:
             pending.discard("trace")
             _trace_for_any_batch_size(original, iterator.element_spec)
+        marker = step_marker() if step_marker is not None else None
+        if marker is None:
+            return timed_step(iterator)
+        with marker:
+            return timed_step(iterator)
+
+    def timed_step(iterator: Any) -> Any:
         try:
             start = clock()
             batches = list(itertools.islice(iterator, per_execution))

@@ -46,6 +46,10 @@ GPU_RUN_ALERTS = [  # (rule, device, start, end, value, threshold, message); tim
                                                       "30 s (alert above 20%). Add .prefetch(tf.data.AUTOTUNE)."),
 ]
 
+PROFILE = {"rule": "gpu_util_low", "steps": 10, "dir": "plugins/profile", "status": "captured", "step_markers": False,
+           "note": "The Profile tab cannot group this model's steps: its RNN layer(s) 'lstm' run a tf.while_loop in "
+                   "every step."}  # as rnnmon.capture.profiling records a capture of a looping LSTM
+
 LIVE_FIT = textwrap.dedent("""
     import os, sys, time
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -96,7 +100,7 @@ def logdir(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "rnnmon.cli", "demo", "--logdir", str(root)], check=True,
                    capture_output=True, timeout=180)
     start = time.time() - 200.0
-    write_gpu_run(str(root / GPU_RUN / "rnnmon"), 40, gpus=2, dip_at=100, start=start)
+    write_gpu_run(str(root / GPU_RUN / "rnnmon"), 40, gpus=2, dip_at=100, start=start, info={"profile": PROFILE})
     (written,) = (root / GPU_RUN / "rnnmon").iterdir()
     shutil.copyfile(written, f"{written}.copy")  # a copy beside it: counted once, and the card notes it
     _write_alerts(str(root / GPU_RUN / "rnnmon"), start, GPU_RUN_ALERTS)
@@ -374,7 +378,9 @@ def test_gpu_run_and_an_unreadable_run(tab, tensorboard):
     error = frame.locator(".rm-card").nth(1).locator(".rm-error")
     assert "unreadable rnnmon data" in error.inner_text()
     assert frame.locator(".rm-card").nth(0).locator(".rm-error").count() == 0
-    assert "a copy of the file" in frame.locator(".rm-card").nth(0).locator(".rm-note").inner_text()
+    assert "a copy of the file" in frame.locator(".rm-card").nth(0).locator(".rm-note").first.inner_text()
+    profile = frame.locator(".rm-card").nth(0).locator(".rm-profile").inner_text()
+    assert "Profile: 10 steps after gpu_util_low" in profile and PROFILE["note"] in profile, profile
     # names from the data are text: in the page, in the selector and in plotly's labels
     assert frame.locator(".rm-card .rm-run").first.inner_text() == GPU_RUN
     assert frame.locator("#rm-run-a option:checked").inner_text() == GPU_RUN

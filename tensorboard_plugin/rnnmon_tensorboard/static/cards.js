@@ -61,8 +61,20 @@ function card(run, result) {
     ["Median step", s.step_ms.median === null ? "n/a" : `${fixed(s.step_ms.median, 2)} ms`,
       s.step_ms.p90 === null ? "" : `p90 ${fixed(s.step_ms.p90, 2)} ms`],
   ]));
+  if (s.profile) node.append(profileLine(s.profile));
   node.append(findings(s, run.live));
   return node;
+}
+
+// The profile captured on an alert: where it went and, where the Profile tab cannot group this model's steps, why.
+function profileLine(profile) {
+  const box = el("div", profile.note ? "rm-note rm-profile" : "rm-muted rm-profile");
+  const head = profile.status === "captured"
+    ? `Profile: ${profile.steps} steps after ${profile.rule}, in ${profile.dir}.`
+    : `Profile after ${profile.rule}: ${profile.status}.`;
+  box.append(el("strong", "", head));
+  if (profile.note) box.append(el("p", "", profile.note));
+  return box;
 }
 
 function tiles(items) {
