@@ -321,7 +321,8 @@ def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
     _, client = served_plugin(str(tmp_path))
 
     answer = client.get("/data/plugin/rnnmon/workers", query_string={"run": "job/worker-0/rnnmon"}).get_json()
-    assert answer["job"] == "job" and [w["worker"] for w in answer["workers"]] == ["worker-1", "worker-0"]  # the straggler first
+    assert answer["job"] == "job"
+    assert [w["worker"] for w in answer["workers"]] == ["worker-1", "worker-0"]  # the straggler first
     assert [(f["code"], f["where"]) for f in answer["findings"]] == [("STRAGGLER", "worker-1")]
     other = client.get("/data/plugin/rnnmon/workers", query_string={"run": "elsewhere/rnnmon"}).get_json()
     assert other == {"job": None, "workers": [], "findings": [], "left_out": [], "heatmap": None}
