@@ -59,3 +59,28 @@ def test_keras_tensorboard_profile_batch_is_a_profile_phase_not_host_time(tmp_pa
     assert summary["shares"]["host"] < 0.15 and summary["verdict"] == "compute-bound", (summary["shares"], times)
     assert abs(sum(times[part] for part in PARTS) - times["fit"]) <= 0.02 * times["fit"], times
     assert "profiling" in render_text(build_report(str(tmp_path)))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_nvml")
+def test_a_profile_window_on_epoch_boundaries_shares_them_with_the_epoch_ends(tmp_path):
+    """Started at an epoch's first batch (inside the open epoch boundary) and stopped at its last (before the next
+    boundary): each profile phase adjoins an epoch-end phase, and no moment is in two records."""
+    import keras
+    import tensorflow as tf
+
+    x, y = sequences(10)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).prefetch(2)
+    board = keras.callbacks.TensorBoard(str(tmp_path / "tb"), profile_batch=(11, 20))  # the second epoch, whole
+    tiny_model().fit(dataset, epochs=3, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path), audit=False), board])
+    run = read_run(str(tmp_path))
+    phases = run.phases[np.argsort(run.phases[:, 1])]
+    kinds = [schema.PHASE_KINDS[int(k)] for k in phases[:, 0]]
+    assert kinds == ["warmup", "epoch_end", "profile", "profile", "epoch_end", "epoch_end"], kinds
+    assert phases[1, 2] == phases[2, 1] and phases[3, 2] == phases[4, 1]  # they adjoin
+    begin = run.steps[:, schema.STEP_COLUMNS.index("begin")]
+    end = run.steps[:, schema.STEP_COLUMNS.index("end")]
+    assert phases[2, 2] == pytest.approx(begin[10], abs=1e-5)  # the start: until step 11 begins
+    assert phases[3, 1] == pytest.approx(end[19], abs=1e-5)  # the stop and save: from step 20's end
+    times = summarize(run)["time_s"]
+    assert abs(times["unaccounted"]) <= 0.02 * times["fit"], times
