@@ -257,12 +257,13 @@ class UtilizationMonitor(keras.callbacks.Callback):
         fit = self._scope.call()
         self._callback_timing = None if fit is None else CallbackTiming(
             fit.callbacks.callbacks, skip=self, on_begun=self._step_begins, on_ended=self._step_ends,
-            on_epoch_ending=self._epoch_ends)
+            on_epoch_ending=self._epoch_ends, on_profiler=self._profiler_ran)
         self._end = NA
         self._input_kind = input_kind(fit.x) if fit is not None else None
         self._hook_guard: HookGuard | None = None
         self._fit_steps = 0  # step records of this fit: what its callback hook times are per
         self._open_phase: tuple[str, float] | None = None
+        self._profiler_end: float | None = None  # a profiler started or stopped since the last step, until then
         self._fit_begin = self._clock()
         self._warming_up = True
         self._eval_warming_up = True  # the fit's first validation batch traces Keras's test function
@@ -330,9 +331,12 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if not self._active:
             return
         self._begin = now - self._wait if self._epoch_timing is not None else now
+        if self._open_phase is None and self._profiler_end is not None:  # the whole host gap is the profiler's
+            self._open_phase = ("profile", self._last_end)
         if self._open_phase is not None:  # the epoch boundary lasts until the next epoch's first step
             self._close_phase(self._begin)
             self._last_end = self._begin
+        self._profiler_end = None
 
     def _step_ends(self, now: float) -> None:
         """When the first callback's `on_train_batch_end` is called: the step's outputs are numbers by then."""
@@ -358,7 +362,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._model_audit_pending = False
             self._report_findings(self._audit_model())
         if self._profile.pending:
+            tracing, start = self._profile.tracing, self._clock()
             self._profile.on_step()
+            if self._profile.tracing != tracing:
+                self._profiler_ran(start, self._clock())
         self._last_end = end
 
     def on_test_begin(self, logs: dict | None = None) -> None:
@@ -367,7 +374,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             if self._open_phase is None:  # validation starts right after the epoch's last step
                 # Before the fit's first validation Keras builds its data iterator (distributes it, under a
                 # strategy) and its test function: warm-up, as the first step is.
-                self._open_phase = ("warmup" if self._eval_warming_up else "epoch_end", self._last_end)
+                self._open_phase = ("warmup" if self._eval_warming_up else "epoch_end", self._after_profiler())
             self._close_phase(now)
             self._open_phase = ("warmup" if self._eval_warming_up else "eval", now)
 
@@ -388,7 +395,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if not self._active:
             return
         if self._open_phase is None:  # no validation: the boundary starts at the epoch's last step
-            self._open_phase = ("epoch_end", self._last_end)
+            self._open_phase = ("epoch_end", self._after_profiler())
         else:
             self._close_phase(now)
             self._open_phase = ("epoch_end", now)
@@ -418,6 +425,28 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._alerting.on_chunk(chunk)
         if self._exporter is not None:
             self._exporter.on_chunk(chunk, firing=self._alerting.firing)
+
+    def _profiler_ran(self, start: float, end: float) -> None:
+        """A profiler trace started, or stopped and saved, from `start` to `end` (rnnmon's own capture, or Keras's
+        `TensorBoard(profile_batch=...)`): neither host time nor input wait, but a `profile` phase. Between steps
+        the phase is the whole gap the call lies in (from the last step's end to the next step's begin, or to the
+        end of the call where an epoch boundary follows); inside an open phase it takes over from `start`. In the
+        fit's first step it is part of the warm-up."""
+        if not self._active or self._warming_up:
+            return
+        if self._open_phase is None:
+            self._profiler_end = end
+        elif self._open_phase[0] != "profile":
+            self._close_phase(start)
+            self._open_phase = ("profile", start)
+
+    def _after_profiler(self) -> float:
+        """Where a phase opening at the last step's end starts: after the profile phase of a profiler call since."""
+        end, self._profiler_end = self._profiler_end, None
+        if end is None:
+            return self._last_end
+        self._recorder.add_phase("profile", self._last_end, end)
+        return end
 
     def _close_phase(self, now: float) -> None:
         if self._open_phase is not None:
@@ -449,6 +478,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             self._active = False
         _RUNNING.discard(self)
         self._scope.forget()
+        self._after_profiler()
         self._close_phase(self._clock())
         if self.model is not None:
             unwrap_train_function(self.model)

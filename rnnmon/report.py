@@ -170,7 +170,8 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
 def _time_parts(times: dict[str, float]) -> str:
     """The fit's wall time and the parts it is made of (those above a millisecond), in seconds."""
     names = {"warmup": "warm-up", "steps": "steps", "recompiles": "recompiles", "slow_steps": "other slow steps",
-             "host_gaps": "host gaps", "validation": "validation", "epoch_ends": "epoch ends"}
+             "host_gaps": "host gaps", "validation": "validation", "epoch_ends": "epoch ends",
+             "profiling": "profiling"}
     parts = [f"{label} {times[name]:.2f} s" + (f" (input wait {times['input_wait']:.2f} s)"
                                               if name == "steps" and times["input_wait"] >= 0.001 else "")
              for name, label in names.items() if abs(times[name]) >= 0.001]

@@ -24,12 +24,14 @@ STEP_S, WAIT_S, SAMPLE_S = 0.020, 0.006, 1 / 6
 
 def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: int = 1, status: str = "finished",
                   dip_at: int | None = None, samples_per_chunk: int = 12, start: float | None = None,
-                  wait_s: float = WAIT_S, info: dict | None = None, step_s: float = STEP_S) -> None:
+                  wait_s: float = WAIT_S, info: dict | None = None, step_s: float = STEP_S,
+                  profile_at: float | None = None) -> None:
     """A run on `gpus` fake GPUs: each chunk holds steps, utilization samples, SM activity and an idle gap.
 
     `dip_at`: index of the single utilization sample (GPU 0) that reads 0%; all others read 60-95%.
     `wait_s`: the median input wait of a step. `step_s`: a step and its host gap (90% and 10% of it).
     `info`: more fields of the run description (e.g. a KerasTuner `trial`).
+    `profile_at`: seconds after the start where a 0.1 s `profile` phase lies (a profiler starting).
     """
     writer = SummaryWriter(run_dir)
     t = time.time() - chunks * 2.0 if start is None else start
@@ -59,7 +61,9 @@ def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: 
             writer.table(schema.GAPS_TAG, [(index, times[2], times[3], schema.GAP_CAUSES.index("input"))])
         sample += samples_per_chunk
     writer.table(schema.PHASES_TAG, [(schema.PHASE_KINDS.index("warmup"), t - 0.5, t),
-                                     (schema.PHASE_KINDS.index("eval"), t + chunk_s, t + 1.5 * chunk_s)])
+                                     (schema.PHASE_KINDS.index("eval"), t + chunk_s, t + 1.5 * chunk_s)]
+                 + ([] if profile_at is None else [(schema.PHASE_KINDS.index("profile"), t + profile_at,
+                                                    t + profile_at + 0.1)]))
     writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": status, "start": t,
                                  "backend": "tensorflow", "input_wait": "measured", "idle_pct": 5.0, **(info or {})})
     writer.close()

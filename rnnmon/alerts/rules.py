@@ -22,8 +22,8 @@ fields):
 
 The warm-up step of a fit (NaN host gap: tracing, iterator creation) is left out, and device samples taken
 before it ended are ignored; an idle gap that is mostly a warm-up phase (the first validation batch traces
-Keras's test function) is not an alert either. Feed one engine per fit. Times in chunks are monotonic
-seconds; events carry Unix seconds (`+ wall_offset_s`).
+Keras's test function) or a profile phase (a profiler starting, or stopping and saving) is not an alert either.
+Feed one engine per fit. Times in chunks are monotonic seconds; events carry Unix seconds (`+ wall_offset_s`).
 
 Example:
     >>> engine = AlertEngine(Thresholds(), wall_offset_s=time.time() - time.perf_counter())
@@ -209,7 +209,7 @@ class AlertEngine:
         self._baseline: list[float] = []  # per-batch ms of the first steps, until there are enough
         self._baseline_ms: float | None = None
         self._warm_end: float | None = None  # device samples before this time are ignored
-        self._warmups: list[tuple[float, float]] = []  # warm-up phases after the first (the first validation's)
+        self._warmups: list[tuple[float, float]] = []  # warm-up phases after the first, and profile phases
         self._throttle_bits: dict[int, int] = {}
         self._events: list[AlertEvent] = []
         self._floor_s = 0.0  # the fetch floor of the chunk being judged
@@ -240,7 +240,7 @@ class AlertEngine:
                     if row[0] >= self._warm_end:
                         self._device_stats(device, row)
             self._warmups += [(start, end) for kind, start, end in chunk.get("phases", ())
-                              if PHASE_KINDS[int(kind)] == "warmup" and start >= self._warm_end]
+                              if PHASE_KINDS[int(kind)] in ("warmup", "profile") and start >= self._warm_end]
             for device, (start, end, cause) in chunk.get("gaps", ()):
                 if start >= self._warm_end and not self._mostly_warmup(start, end):
                     self._gap(None if device == STEP_DEVICE else device, start, end, cause)

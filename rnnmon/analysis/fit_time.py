@@ -2,7 +2,8 @@
 
 Every moment of a fit, from `on_train_begin` to `on_train_end`, is in exactly one record: a warm-up phase (the
 fit's first step: tracing, iterator creation; and its first validation batch), a step (its input wait inside),
-the host gap before a step, or a validation or epoch-end phase. A fit's wall time is the span of its records
+the host gap before a step, or a validation, epoch-end or profile phase (a profiler starting, or stopping and
+saving its trace). A fit's wall time is the span of its records
 (from the start of the warm-up that holds its first step to its last record); the parts add up to it, and
 `unaccounted` says by how much they do not.
 
@@ -31,7 +32,7 @@ import numpy as np
 from rnnmon.analysis.input_share import pipeline_wait_s
 from rnnmon.format import schema
 
-PARTS = ("warmup", "steps", "recompiles", "slow_steps", "host_gaps", "validation", "epoch_ends")
+PARTS = ("warmup", "steps", "recompiles", "slow_steps", "host_gaps", "validation", "epoch_ends", "profiling")
 SLOW_FACTOR, SLOW_MIN_S = 5.0, 0.05  # a slow step: 5x the median step of its batches, and 50 ms more
 RECOMPILE_FACTOR, RECOMPILE_MIN_S = 2.0, 0.01  # a step on new input shapes that compiled: 2x and 10 ms more
 LISTED = 20  # slow steps listed one by one, longest excess first
@@ -57,7 +58,7 @@ def fit_time(steps: np.ndarray, phases: np.ndarray, shapes: list[dict[str, Any]]
     times = {"fit": _fit_spans_s(steps, phases), "warmup": phase_s["warmup"],
              "steps": float(duration.sum()) - recompiles - slow, "recompiles": recompiles, "slow_steps": slow,
              "host_gaps": float(gap[kept].sum()), "validation": phase_s["eval"], "epoch_ends": phase_s["epoch_end"],
-             "input_wait": float(wait.sum())}
+             "profiling": phase_s["profile"], "input_wait": float(wait.sum())}
     times["unaccounted"] = times["fit"] - sum(times[part] for part in PARTS)
     times["training"] = times["fit"] - times["warmup"]
     counts = {name: int((cause == name).sum()) for name in ("recompile", "input", "unknown")}

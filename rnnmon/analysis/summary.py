@@ -2,7 +2,8 @@
 
 Fractions are of training wall time: step time + host gaps + evaluation and epoch-end phases. Each fit's
 first step (tracing, iterator creation) is its warm-up: counted in `steps`, reported as `warmup_s`, left out
-of everything else. The verdict (rnnmon.analysis.verdict) uses shares of step time (step + host gap).
+of everything else. The verdict (rnnmon.analysis.verdict) uses shares of step time (step + host gap): a profiler
+starting, or stopping and saving its trace, is neither but a profile phase (`profile_s`, and in `time_s`).
 `time_s` accounts for the fits' whole wall time, warm-up included, part by part, and `slow_steps` names the
 steps far above the median (rnnmon.analysis.fit_time). `training_without_s` is the quantity every measured
 finding's speed-up predicts: the fits' training time (wall time after the warm-up) without one cause.
@@ -82,6 +83,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "host_gap_fraction": _ratio(gap.sum(), wall),
         "eval_fraction": _ratio(phase_s["eval"], wall),
         "epoch_end_fraction": _ratio(phase_s["epoch_end"], wall),
+        "profile_s": round(phase_s["profile"], 3),  # profilers starting, and stopping and saving their traces
         "gpus": [_gpu(run, index) for index in sorted(set(run.util) | set(run.stats))],
         "idle_gap_count": len(run.gaps),
         "idle_gaps": longest_gaps(run.gaps, LONGEST_GAPS),

@@ -13,6 +13,9 @@ outputs into numbers, so the device has finished it). Every callback's hooks the
 the callback is `skip`, or its hook is already an instance attribute): where not, the monitor's own hook stands
 in.
 
+`on_profiler` gets the start and end of each hook call that started or stopped (and saved) a profiler trace: one
+after which the callback's `_is_tracing` differs (Keras's `TensorBoard(profile_batch=...)` sets it).
+
 Example:
     >>> timing = CallbackTiming(fit.callbacks.callbacks, skip=monitor, on_begun=..., on_ended=...)
     >>> ...                                      # the fit runs
@@ -28,11 +31,13 @@ from typing import Any
 
 HOOKS = ("on_train_batch_begin", "on_train_batch_end")
 Stamp = Callable[[float], None]
+Span = Callable[[float, float], None]
 
 
 class CallbackTiming:
     def __init__(self, callbacks: list[Any], skip: Any, on_begun: Stamp | None = None,
-                 on_ended: Stamp | None = None, on_epoch_ending: Stamp | None = None) -> None:
+                 on_ended: Stamp | None = None, on_epoch_ending: Stamp | None = None,
+                 on_profiler: Span | None = None) -> None:
         self._totals: dict[str, float] = {}
         self._patched: list[tuple[Any, str]] = []
         self.stamps_begin = self.stamps_end = self.stamps_epoch_end = False
@@ -50,24 +55,29 @@ class CallbackTiming:
                 if hook not in vars(callback):  # not already shadowed (by rnnmon or the user)
                     begun = on_begun if hook == HOOKS[0] and index == len(callbacks) - 1 else None
                     ended = on_ended if hook == HOOKS[1] and index == 0 else None
-                    setattr(callback, hook, self._timed(name, getattr(callback, hook), begun, ended))
+                    profiler = on_profiler if hasattr(callback, "_is_tracing") else None
+                    setattr(callback, hook, self._timed(name, getattr(callback, hook), begun, ended,
+                                                        callback if profiler else None, profiler))
                     self._patched.append((callback, hook))
                     self.stamps_begin |= begun is not None
                     self.stamps_end |= ended is not None
 
-    def _timed(self, name: str, hook: Callable[..., Any], begun: Stamp | None,
-               ended: Stamp | None) -> Callable[..., Any]:
+    def _timed(self, name: str, hook: Callable[..., Any], begun: Stamp | None, ended: Stamp | None,
+               tracer: Any = None, profiler: Span | None = None) -> Callable[..., Any]:
         totals, clock, patched = self._totals, time.perf_counter, self._patched
 
         def timed_hook(*args: Any, **kwargs: Any) -> Any:
             start = clock()
             if ended is not None and patched:  # (a wrapper left behind by a fit that ended stamps nothing)
                 ended(start)
+            tracing = getattr(tracer, "_is_tracing", None)
             try:
                 return hook(*args, **kwargs)
             finally:
                 now = clock()
                 totals[name] += now - start
+                if profiler is not None and patched and getattr(tracer, "_is_tracing", None) != tracing:
+                    profiler(start, now)
                 if begun is not None and patched:
                     begun(now)
 

@@ -128,6 +128,11 @@ class ProfileCapture:
         else:
             self.pending = False
 
+    @property
+    def tracing(self) -> bool:
+        """Whether a trace is running: it flips in the `on_step` that starts it and in the one that stops it."""
+        return bool(self._left)
+
     def close(self) -> None:
         if self._left:
             self._left = 0

@@ -95,9 +95,9 @@ class Recorder:
             if wait_s == wait_s:
                 self._intervals.add(begin, begin + wait_s, "input")
         for kind, start, end in phases:
-            if schema.PHASE_KINDS[kind] != "warmup":
+            if schema.PHASE_KINDS[kind] not in ("warmup", "profile"):
                 self._intervals.add(start, end, "eval")
-            else:  # tracing: left out of the blame
+            else:  # tracing, or a profiler starting or saving: left out of the blame
                 self._intervals.add_warmup(start, end)
 
     def _find_gaps(self, util: dict[int, list[tuple[float, float]]], horizon: float,

@@ -41,7 +41,7 @@ STATS_TAG_PREFIX = "rnnmon/stats/gpu"  # + NVML index
 
 STEP_COLUMNS = ("step", "epoch", "begin", "end", "input_wait_ms", "host_gap_ms", "batches")
 PHASE_COLUMNS = ("kind", "start", "end")
-PHASE_KINDS = ("eval", "epoch_end", "warmup")
+PHASE_KINDS = ("eval", "epoch_end", "warmup", "profile")  # append only: a kind is stored as its index
 UTIL_COLUMNS = ("time", "util_pct")
 STAT_COLUMNS = ("time", "memory_used_mib", "memory_total_mib", "power_w", "sm_clock_mhz", "temperature_c",
                 "pcie_rx_mib_s", "pcie_tx_mib_s", "clocks_event_reasons", "sm_activity_pct",

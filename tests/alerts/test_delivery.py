@@ -9,6 +9,7 @@ import threading
 import time
 
 import keras
+import numpy as np
 import pytest
 from conftest import read_run, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
@@ -18,6 +19,7 @@ from rnnmon import UtilizationMonitor
 from rnnmon.alerts.thresholds import Thresholds
 from rnnmon.alerts.thresholds_file import THRESHOLDS_FILE, save_thresholds_file
 from rnnmon.analysis.summary import summarize
+from rnnmon.format.schema import PHASE_KINDS, STEP_COLUMNS
 
 FAST = {"gpu_util_low": {"pct": 20.0, "resolve_pct": 30.0, "for_s": 0.5}}
 
@@ -90,6 +92,15 @@ def test_profile_is_captured_after_an_alert(tmp_path):
                                                        on_alert=lambda _: alerted.set(), audit=False)])
     traces = glob.glob(str(tmp_path / "rnnmon" / "plugins" / "profile" / "*" / "*.xplane.pb"))
     assert len(traces) == 1 and os.path.getsize(traces[0]) > 0
+    # Its start and its stop-and-save are profile phases, each the whole gap between two steps: five steps apart
+    run = read_run(str(tmp_path))
+    phases = run.phases[run.phases[:, 0] == PHASE_KINDS.index("profile")]
+    begin, step = run.steps[:, STEP_COLUMNS.index("begin")], run.steps[:, STEP_COLUMNS.index("step")]
+    [first], [after] = (np.flatnonzero(np.isclose(begin, end, rtol=0, atol=1e-5)) for end in phases[:, 2])
+    assert len(phases) == 2 and step[after] - step[first] == 5, run.phases
+    assert (run.steps[[first, after], STEP_COLUMNS.index("host_gap_ms")] == 0).all()
+    assert summarize(run)["time_s"]["profiling"] == pytest.approx(float((phases[:, 2] - phases[:, 1]).sum()),
+                                                                  abs=1e-3)
 
 
 @pytest.mark.parametrize(("thresholds", "words"), [

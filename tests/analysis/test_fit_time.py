@@ -14,7 +14,8 @@ from rnnmon.format.writer import SummaryWriter
 T0 = 1_795_000_000.0
 STEP_S, GAP_S = 0.002, 0.0005
 FULL, PARTIAL, LONGER = [[32, 16, 8], [32, 1]], [[5, 16, 8], [5, 1]], [[32, 24, 8], [32, 1]]
-WARMUP, EVAL, EPOCH_END = (schema.PHASE_KINDS.index(kind) for kind in ("warmup", "eval", "epoch_end"))
+WARMUP, EVAL, EPOCH_END, PROFILE = (schema.PHASE_KINDS.index(kind) for kind in ("warmup", "eval", "epoch_end",
+                                                                                "profile"))
 
 
 class Fit:
@@ -28,10 +29,10 @@ class Fit:
         self.now = start + warmup_s
 
     def step(self, duration_s: float = STEP_S, wait_s: float = 0.0001, shapes: list | None = None,
-             hole_s: float = 0.0) -> None:
-        begin = self.now + GAP_S + hole_s  # a hole: time before the step that no record holds
+             hole_s: float = 0.0, gap_s: float = GAP_S) -> None:
+        begin = self.now + gap_s + hole_s  # a hole: time before the step that no record holds
         number = self.steps[-1][0] + 1
-        self.steps.append((number, 0, begin, begin + duration_s, 1e3 * wait_s, 1e3 * GAP_S, 1))
+        self.steps.append((number, 0, begin, begin + duration_s, 1e3 * wait_s, 1e3 * gap_s, 1))
         if shapes is not None:
             self.shapes.append({"step": number, "time": begin, "shapes": shapes})
         self.now = begin + duration_s
@@ -74,6 +75,21 @@ def test_the_parts_add_up_to_each_fit_and_the_time_between_fits_is_no_part(tmp_p
     assert times["warmup"] == pytest.approx(1.2) and times["validation"] == pytest.approx(0.6)
     assert times["host_gaps"] == pytest.approx(4 * 40 * GAP_S, rel=0.01)  # not the first step (in the warm-up)
     assert summary["slow_steps"] == [] and times["recompiles"] == 0
+
+
+def test_a_profilers_start_and_save_are_profiling_not_host_gaps(tmp_path):
+    """Two profile phases of 0.1 s between 40 steps of 10 ms: as host gaps they made the run host-bound."""
+    fit = Fit(T0)
+    for index in range(40):
+        if index in (5, 9):  # each the whole gap before a step (the monitor closes it at the step's begin)
+            fit.phase(PROFILE, 0.1)
+        fit.step(duration_s=0.01, gap_s=0.0 if index in (5, 9) else GAP_S)
+    summary = _write(tmp_path, [fit])
+    times = summary["time_s"]
+    assert times["profiling"] == pytest.approx(0.2) and summary["profile_s"] == pytest.approx(0.2)
+    assert abs(times["unaccounted"]) < 1e-3, times
+    assert summary["shares"]["host"] < 0.25 and summary["verdict"] == "compute-bound", summary["shares"]
+    assert "profiling 0.20 s" in _report_text(tmp_path)
 
 
 def test_time_no_record_holds_is_unaccounted(tmp_path):

@@ -264,6 +264,14 @@ def test_timeline_of_a_cpu_fit(client):
     assert min(steps["time"]) >= 0 and max(steps["time"]) <= body["extent"]["end"]
 
 
+def test_timeline_has_profile_phases_and_the_chart_draws_every_phase_kind(tmp_path):
+    write_gpu_run(str(tmp_path / "profiled" / "rnnmon"), 3, profile_at=0.05)
+    status, body = get(plugin_client(str(tmp_path)), "timeline", run="profiled/rnnmon")
+    assert status == 200 and "profile" in body["phases"]["kind"], body["phases"]
+    [drawn] = re.findall(r"const PHASES = \{(.*?)\n\};", _scripts()["chart.js"], re.S)
+    assert set(re.findall(r"^  (\w+): \{label", drawn, re.M)) == set(schema.PHASE_KINDS)  # a band for each
+
+
 def test_timeline_of_a_gpu_fit_has_utilization_and_idle_gaps(client):
     status, body = get(client, "timeline", run="gpu_fit/rnnmon")
     assert status == 200

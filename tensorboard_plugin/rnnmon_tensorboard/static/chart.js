@@ -26,6 +26,7 @@ const PHASES = {
   eval: {label: "validation phase", color: "rgba(20, 184, 166, 0.10)"},
   epoch_end: {label: "epoch end", color: "rgba(99, 102, 241, 0.12)"},
   warmup: {label: "warm-up (tracing)", color: "rgba(148, 163, 184, 0.22)"},
+  profile: {label: "profiler start / save", color: "rgba(234, 88, 12, 0.18)"},
 };
 const COLORS = {compute: "#2563eb", wait: "#f59e0b", host: "#8b5cf6", gpu: ["#0f766e", "#1d4ed8", "#be123c", "#7c3aed"]};
 const GPU_DOMAIN = [0.62, 1.0]; // shared by one utilization row per GPU
@@ -257,7 +258,7 @@ function addSteps(figure, steps, column, once) {
   }
 }
 
-// Phases (validation, epoch ends, warm-up) shade the whole column; a binned one fades with its share.
+// Phases (validation, epoch ends, warm-up, a profiler's start or stop-and-save) shade the whole column; a binned one fades with its share.
 function addPhases(figure, phases, column, chart) {
   phases.kind.forEach((kind, i) => {
     const style = PHASES[kind];
