@@ -103,7 +103,7 @@ class Finding:
     where: str
     message: str
     advice: str
-    speedup: float | None = None  # measured findings: the most that removing the cause can speed up (Amdahl)
+    speedup: float | None = None  # measured findings: the fit's training time over that time without the cause
 
     @classmethod
     def of(cls, code: str, where: str, message: str, advice: str, speedup: float | None = None, *,
