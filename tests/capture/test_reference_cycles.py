@@ -33,6 +33,7 @@ class FailAt(keras.callbacks.Callback):
 def _heavy_cycles(fit) -> list[str]:
     """Type names of frames, tracebacks, exceptions and iterators that only the cycle collector frees after `fit`."""
     gc.collect()
+    gc.freeze()  # what earlier tests left is out of every collection: only what `fit` makes is walked
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
         fit()
@@ -42,6 +43,7 @@ def _heavy_cycles(fit) -> list[str]:
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
+        gc.unfreeze()
 
 
 @pytest.mark.parametrize("ending", ["finished", "failed"])
