@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from rnnmon.alerts.thresholds import Thresholds
+from rnnmon.analysis.input_share import pipeline_wait_s
 from rnnmon.analysis.verdict import VERDICTS, verdict
 from rnnmon.format import schema
 
@@ -175,8 +176,8 @@ class PrometheusExporter:
             totals["steps"] += len(rows)
             totals["step_s"] += float(duration.sum() + gap.sum())
             totals["gap_s"] += float(gap.sum())
-            floor_s = float(chunk.get("fetch_floor_s", 0.0)) * np.maximum(rows[:, 6], 1)
-            totals["wait_s"] += float(np.nansum(np.clip(wait - floor_s, 0.0, None)))  # as the report: beyond the floor
+            beyond = pipeline_wait_s(wait, rows[:, 6], float(chunk.get("fetch_floor_s", 0.0)))
+            totals["wait_s"] += float(np.nansum(beyond))  # as the report: beyond the floor
         for index, samples in chunk["util"].items():
             if samples:
                 self._count_utilization(index, samples)
