@@ -42,7 +42,7 @@ class Series:
         storage: How a packed chunk stores it (a `packing.CODES` code; "f8" in a table that is never packed).
         source: Where the value comes from: the NVML call, the Keras hook, the analysis that derives it.
         drawn: The key under which the tab's timeline serves it per GPU ("" when the tab does not draw it).
-        exported: The Prometheus metric it feeds ("" when it is not exported).
+        exported: The Prometheus metrics it feeds, as scraped (docs/prometheus.md); () when it is not exported.
     """
 
     name: str
@@ -50,7 +50,7 @@ class Series:
     storage: str
     source: str
     drawn: str = ""
-    exported: str = ""
+    exported: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,12 +103,13 @@ _PCIE = "as a rate between polls, else nvmlDeviceGetPcieThroughput"
 STEPS = Table(STEPS_TAG, 1, STEPS_CODEC, (
     Series("step", "count", "f8", "the global step after this execution (Keras on_train_batch_end)"),
     Series("epoch", "count", "f8", "Keras on_epoch_begin"),
-    Series("begin", "s", "f8", "the last callback's on_train_batch_begin returns", exported="rnnmon_step_seconds"),
-    Series("end", "s", "f8", "the first callback's on_train_batch_end is called", exported="rnnmon_step_seconds"),
-    Series("input_wait_ms", "ms", "f8", "host time blocked in next(iterator)", exported="rnnmon_input_wait_seconds"),
+    Series("begin", "s", "f8", "the last callback's on_train_batch_begin returns", exported=("rnnmon_step_seconds",)),
+    Series("end", "s", "f8", "the first callback's on_train_batch_end is called", exported=("rnnmon_step_seconds",)),
+    Series("input_wait_ms", "ms", "f8", "host time blocked in next(iterator)", exported=("rnnmon_input_wait_seconds",)),
     Series("host_gap_ms", "ms", "f8", "the previous step's end to this step's begin",
-           exported="rnnmon_host_gap_seconds"),
-    Series("batches", "count", "f8", "batches in the execution (steps_per_execution)", exported="rnnmon_steps"),
+           exported=("rnnmon_host_gap_seconds",)),
+    Series("batches", "count", "f8", "batches in the execution (steps_per_execution)",
+           exported=("rnnmon_steps_total",)),
 ))
 PHASES = Table(PHASES_TAG, 0, FLOAT64_CODEC, (
     Series("kind", "index", "f8", "an index into schema.PHASE_KINDS"),
@@ -119,7 +120,8 @@ UTIL = Table(UTIL_PREFIX, 3, ROWS_CODEC, (
     Series("time", "s", "t", "NVML sample timestamp, calibrated onto the host clock"),
     Series("util_pct", "%", "u1",
            "nvmlDeviceGetSamples (the driver's buffer), else nvmlDeviceGetUtilizationRates; GPM SM activity on MIG",
-           drawn="util", exported="rnnmon_gpu_utilization_ratio"),
+           drawn="util", exported=("rnnmon_gpu_utilization_ratio", "rnnmon_gpu_busy_seconds_total",
+                                  "rnnmon_gpu_sampled_seconds_total")),
 ), per_device=True)
 STATS = Table(STATS_PREFIX, 4, ROWS_CODEC, (
     Series("time", "s", "t", "host clock at the poll"),
@@ -142,10 +144,10 @@ HOST = Table(HOST_TAG, 5, ROWS_CODEC, (
 ))
 GAPS = Table(GAPS_TAG, 2, ROWS_CODEC, (
     Series("device", "index", "i1", "NVML index of the idle GPU, -1 for gaps derived from step phases"),
-    Series("start", "s", "t", "the first idle sample's interval begins", exported="rnnmon_gpu_idle_seconds"),
-    Series("end", "s", "d", "the last idle sample", exported="rnnmon_gpu_idle_seconds"),
+    Series("start", "s", "t", "the first idle sample's interval begins", exported=("rnnmon_gpu_idle_seconds_total",)),
+    Series("end", "s", "d", "the last idle sample", exported=("rnnmon_gpu_idle_seconds_total",)),
     Series("cause", "index", "u1", "an index into schema.GAP_CAUSES: the step phase that overlaps the gap most",
-           exported="rnnmon_gpu_idle_seconds"),
+           exported=("rnnmon_gpu_idle_seconds_total",)),
 ))
 
 FORMAT_VERSION = 3  # 3: each table tag's metadata names its columns' storage codes and its layout id
@@ -162,6 +164,6 @@ def exported() -> dict[str, tuple[str, ...]]:
     metrics: dict[str, tuple[str, ...]] = {}
     for table in FORMAT.tables:
         for s in table.series:
-            if s.exported:
-                metrics[s.exported] = (*metrics.get(s.exported, ()), f"{table.tag}.{s.name}")
+            for metric in s.exported:
+                metrics[metric] = (*metrics.get(metric, ()), f"{table.tag}.{s.name}")
     return metrics
