@@ -1,4 +1,4 @@
-"""rnnmon's compact tables (summary format version 2): a chunk of rows packed into one bytes value.
+"""rnnmon's compact tables (summary format versions 2 and 3): a chunk of rows packed into one bytes value.
 
 Version 1 stored every table as float64 `[rows, columns]`: 56 bytes per step. Version 2 packs a chunk into a
 little-endian blob, stored as a scalar `DT_STRING` tensor:
@@ -15,6 +15,10 @@ begin and end follow from the previous row (begin = previous end + host gap). A 
 (each chunk's first step, a new fit or epoch, a different batch count) is an exception. Other tables have no
 exceptions: a chunk that does not fit its layout (a time over 35 minutes after the chunk's first, a non-integer
 utilization) is written as a version-1 float64 table instead, and readers take both.
+
+Which columns a layout holds, and how each is stored (its storage code), is declared in `rnnmon.format.series`
+(`layout_of`) and, from format version 3, written in each tag's metadata, so a reader decodes a layout it did not
+compile in (`stored_layout`): the layout id in the header names the table's codec, the metadata its columns.
 
 Decoding checks the body's length against the header before it allocates anything (a compressed body is
 inflated no further than the header's rows allow, at most `MAX_ROWS` of them), so a damaged or hostile record

@@ -16,6 +16,12 @@ run's event files directly (`update_from_files`: no TensorFlow, checksums verifi
 read, in bounded batches; a FIFO, device or huge sparse file named like an event file is an error of its run; a
 file cut below what was read is read again from its last intact record, see `eventfile.RecordCursor`).
 
+Tables are read by name: each chunk is decoded as its tag's stored metadata describes it (columns, and from
+format version 3 the packed layout and storage codes; see `packing.stored_layout`), then its columns are placed by
+name into this reader's (`schema.columns_for`): a column the file lacks is NaN, one this reader does not know is
+skipped and named in `notes`, as is a format version newer than this reader's. Metadata this reader cannot decode
+makes that tag's packed chunks errors, never a guess at a layout.
+
 Example:
     >>> runs = read_logdir("runs")                      # what `rnnmon report` reads: {run name: RunData}
     >>> runs["exp1/rnnmon"].steps[:, 0]                 # global step numbers
@@ -443,7 +449,8 @@ class RunReader:
         return sum(table.inserted for table in self._tables.values())
 
     def notes(self) -> list[str]:
-        """Event files of this run that overlap: copies (each event counted once) and interleaved writers."""
+        """A newer writer's version and columns skipped; event files of this run that overlap: copies (each event
+        counted once) and interleaved writers."""
         notes = [*self._notes]
         notes += [f"{copy} repeats records of {first} (a copy of the file?): each is counted once"
                   for copy, first in self._repeated]

@@ -155,3 +155,13 @@ def test_metadata_describing_a_layout_this_reader_cannot_decode_is_an_error_not_
 def test_a_stored_layout_that_cannot_be_decoded_is_refused(storage):
     with pytest.raises(packing.FormatError):
         packing.stored_layout(f"{schema.UTIL_TAG_PREFIX}0", {"columns": ["time", "util_pct"], "storage": storage})
+
+
+def test_the_format_page_lists_every_declared_column():
+    import pathlib
+    import re
+
+    page = (pathlib.Path(__file__).parents[2] / "docs" / "format.md").read_text(encoding="utf-8")
+    listed = dict(re.findall(r"^\| `(rnnmon/[\w/<>]+)` \| `([\w, ]+)` \|", page, re.MULTILINE))
+    for table in series.FORMAT.tables:
+        assert listed[f"{table.tag}<N>" if table.per_device else table.tag] == ", ".join(table.columns)
