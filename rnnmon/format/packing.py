@@ -1,4 +1,4 @@
-"""rnnmon's compact tables (summary format version 2): a chunk of rows packed into one bytes value.
+"""rnnmon's compact tables (summary format versions 2 and 3): a chunk of rows packed into one bytes value.
 
 Version 1 stored every table as float64 `[rows, columns]`: 56 bytes per step. Version 2 packs a chunk into a
 little-endian blob, stored as a scalar `DT_STRING` tensor:
@@ -16,6 +16,10 @@ begin and end follow from the previous row (begin = previous end + host gap). A 
 exceptions: a chunk that does not fit its layout (a time over 35 minutes after the chunk's first, a non-integer
 utilization) is written as a version-1 float64 table instead, and readers take both.
 
+Which columns a layout holds, and how each is stored (its storage code), is declared in `rnnmon.format.series`
+(`layout_of`) and, from format version 3, written in each tag's metadata, so a reader decodes a layout it did not
+compile in (`stored_layout`): the layout id in the header names the table's codec, the metadata its columns.
+
 Decoding checks the body's length against the header before it allocates anything (a compressed body is
 inflated no further than the header's rows allow, at most `MAX_ROWS` of them), so a damaged or hostile record
 cannot claim more memory than a legitimate chunk.
@@ -27,14 +31,16 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import struct
 import zlib
+from typing import Any
 
 import numpy as np
 
-from rnnmon.format import schema
+from rnnmon.format import schema, series
 
 MAGIC = b"rnm2"
 MAX_ROWS = 1 << 16  # rows in one chunk; the writer splits larger chunks
@@ -42,7 +48,6 @@ _HEAD = struct.Struct("<4sB3xIId")
 _I32 = 2**31 - 1
 _ZLIB = 0x80  # layout flag: the body is zlib-compressed
 _MIN_COMPRESS_BYTES = 64
-_EXCEPTION_BYTES = 8 * (len(schema.STEP_COLUMNS) + 1)
 _US = 1e6
 
 
@@ -50,62 +55,123 @@ class FormatError(ValueError):
     """A chunk that does not decode: wrong size, wrong layout, impossible values."""
 
 
-# Per layout: its id and, per output column, how it is stored: "t" int32 µs from the anchor, "d" int32 µs after
-# the layout's "t" column, "u1"/"i1" small integers, "f4"/"f2" floats.
-_LAYOUTS: dict[str, tuple[int, dict[str, str]]] = {
-    schema.GAPS_TAG: (2, {"device": "i1", "start": "t", "end": "d", "cause": "u1"}),
-    schema.UTIL_TAG_PREFIX: (3, {"time": "t", "util_pct": "u1"}),
-    schema.STATS_TAG_PREFIX: (4, {"time": "t", "memory_used_mib": "f4", "memory_total_mib": "f4", "power_w": "f4",
-                                  "sm_clock_mhz": "f4", "temperature_c": "f2", "pcie_rx_mib_s": "f4",
-                                  "pcie_tx_mib_s": "f4", "clocks_event_reasons": "f4", "sm_activity_pct": "f2",
-                                  "sm_occupancy_pct": "f2", "tensor_util_pct": "f2", "dram_bw_util_pct": "f2"}),
-    schema.HOST_TAG: (5, {"time": "t", "cpu_pct": "f4"}),
-}
+CODES = {"t": "<i4", "d": "<i4", "u1": "u1", "i1": "i1", "f4": "<f4", "f2": "<f2"}  # storage code -> stored type
+_INT_RANGE = {"u1": (0, 255), "i1": (-128, 127)}
 _STEPS_LAYOUT = 1
 _STEP_ROW = np.dtype([("duration_us", "<i4"), ("input_wait_us", "<i4"), ("host_gap_us", "<i4")])
-_STORAGE = {"t": "<i4", "d": "<i4", "u1": "u1", "i1": "i1", "f4": "<f4", "f2": "<f2"}
-_INT_RANGE = {"u1": (0, 255), "i1": (-128, 127)}
-_ROW_DTYPES = {tuple(fields): np.dtype([(name, _STORAGE[code]) for name, code in fields.items()])
-               for _, fields in _LAYOUTS.values()}
-_ITEMSIZE = {layout_id: _ROW_DTYPES[tuple(fields)].itemsize for layout_id, fields in _LAYOUTS.values()}
+MAX_COLUMNS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How one tag's packed chunks are laid out: the header's layout id, the columns rebuilt, in order, and per
+    column its storage code (`CODES`: "t" int32 µs from the anchor, "d" int32 µs after the "t" column, "u1"/"i1"
+    small integers, "f4"/"f2" floats). Layout 1 is the steps codec: its columns are `schema.STEP_COLUMNS` and it
+    has no codes. Built from declarations (`layout_of`) or from a tag's stored metadata (`stored_layout`), and
+    checked either way: FormatError when it does not describe a decodable layout.
+    """
+
+    id: int
+    columns: tuple[str, ...]
+    codes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.id == _STEPS_LAYOUT:
+            if self.columns != schema.STEP_COLUMNS or self.codes:
+                raise FormatError("layout 1 is the steps codec: its columns are fixed and it has no codes")
+            return
+        if not 1 < self.id < _ZLIB or len(self.codes) != len(self.columns) or not 0 < len(self.codes) <= MAX_COLUMNS:
+            raise FormatError(f"layout {self.id} with {len(self.columns)} columns and {len(self.codes)} storage "
+                              f"codes: ids are 2-127, one code per column, at most {MAX_COLUMNS} columns")
+        unknown = sorted({str(code) for code in self.codes} - set(CODES))
+        if unknown:
+            raise FormatError(f"layout {self.id} stores a column as {', '.join(unknown)}, a storage code this "
+                              f"reader does not know ({', '.join(CODES)})")
+        if self.codes.count("t") != 1 or len(set(self.columns)) != len(self.columns):
+            raise FormatError(f"layout {self.id} needs exactly one time column ('t') and distinct column names")
+
+    @functools.cached_property
+    def dtype(self) -> np.dtype:
+        """A packed row (steps: the compact row, without exceptions)."""
+        if self.id == _STEPS_LAYOUT:
+            return _STEP_ROW
+        return np.dtype([(f"c{i}", CODES[code]) for i, code in enumerate(self.codes)])
+
+    @functools.cached_property
+    def time(self) -> int:
+        """The index of the "t" column."""
+        return self.codes.index("t")
+
+
+STEPS_LAYOUT = Layout(_STEPS_LAYOUT, schema.STEP_COLUMNS)
+_EXCEPTION_BYTES = 8 * (len(schema.STEP_COLUMNS) + 1)
 
 
 @functools.lru_cache(maxsize=1024)
-def _layout(tag: str) -> tuple[int, dict[str, str]] | None:
-    for key, layout in _LAYOUTS.items():
-        if tag == key or (key.endswith("gpu") and tag.startswith(key)):
-            return layout
-    return None
+def layout_of(tag: str, fmt: series.Format = series.FORMAT) -> Layout | None:
+    """The layout `fmt` declares for `tag`'s chunks; None when they are never packed (phases, documents)."""
+    table = fmt.table(tag)
+    if table is None or table.codec == series.FLOAT64_CODEC:
+        return None
+    if table.codec == series.STEPS_CODEC:
+        return STEPS_LAYOUT
+    return Layout(table.layout, table.columns, table.storage)
 
 
-def _row_dtype(fields: dict[str, str]) -> np.dtype:
-    return _ROW_DTYPES[tuple(fields)]
+def stored_layout(tag: str, content: dict[str, Any]) -> Layout | None:
+    """The layout of `tag`'s packed chunks as its stored metadata `content` describes it; None for a tag whose
+    chunks this reader does not unpack. FormatError when the content describes a layout that cannot be decoded.
+
+    Version 3 stores `columns`, `storage` (a code per column) and `layout`; versions 1 and 2 store only the
+    columns, whose codes are then this reader's declared codes of the same names (as version 2 wrote them).
+    """
+    declared = layout_of(tag)
+    if declared is None or declared.id == _STEPS_LAYOUT:
+        return declared
+    columns = content.get("columns", declared.columns)
+    codes = content.get("storage")
+    if not isinstance(columns, list | tuple) or not all(isinstance(name, str) for name in columns):
+        raise FormatError("metadata whose columns are not a list of names")
+    if codes is None:
+        known = dict(zip(declared.columns, declared.codes))
+        missing = [name for name in columns if name not in known]
+        if missing:
+            raise FormatError(f"columns {', '.join(missing)[:200]} without storage codes in the metadata (format "
+                              "version 2 or earlier) and unknown to this reader: packed chunks cannot be decoded")
+        codes = [known[name] for name in columns]
+    if not isinstance(codes, list) or not all(isinstance(code, str) for code in codes):
+        raise FormatError("metadata whose storage is not a list of codes")
+    layout_id = content.get("layout", declared.id)
+    if isinstance(layout_id, bool) or not isinstance(layout_id, int):
+        raise FormatError(f"metadata layout {str(layout_id)[:20]!r} is not an integer")
+    return Layout(layout_id, tuple(columns), tuple(codes))
+
+
+def _layout(tag: str) -> Layout | None:
+    return layout_of(tag)
 
 
 def packable(tag: str) -> bool:
-    """Whether version 2 has a compact layout for `tag` (phases and documents stay as they were)."""
-    return tag == schema.STEPS_TAG or _layout(tag) is not None
+    """Whether `tag` has a compact layout (phases and documents stay as they were)."""
+    return _layout(tag) is not None
 
 
-def encode(tag: str, rows: np.ndarray) -> bytes | None:
-    """The chunk `rows` (float64, v1 columns) packed for `tag`, or None when it must stay a float64 table."""
+def encode(tag: str, rows: np.ndarray, layout: Layout | None = None) -> bytes | None:
+    """The chunk `rows` (float64, the layout's columns) packed for `tag` in `layout` (default: the declared one),
+    or None when it must stay a float64 table."""
     rows = np.asarray(rows, dtype=np.float64)
-    if rows.ndim != 2 or not 0 < len(rows) <= MAX_ROWS:
+    layout = layout or _layout(tag)
+    if layout is None or rows.ndim != 2 or not 0 < len(rows) <= MAX_ROWS or rows.shape[1] != len(layout.columns):
         return None
-    if tag == schema.STEPS_TAG:
+    if layout.id == _STEPS_LAYOUT:
         return _encode_steps(rows)
-    layout = _layout(tag)
-    if layout is None or rows.shape[1] != len(layout[1]):
-        return None
-    layout_id, fields = layout
-    names = list(fields)
-    time_column = rows[:, names.index(next(n for n, c in fields.items() if c == "t"))]
+    time_column = rows[:, layout.time]
     if not np.isfinite(time_column).all():
         return None
     anchor = float(time_column.min())
-    out = np.zeros(len(rows), dtype=_row_dtype(fields))
+    out = np.zeros(len(rows), dtype=layout.dtype)
     time_us = np.rint((time_column - anchor) * _US)
-    for i, (name, code) in enumerate(fields.items()):
+    for i, code in enumerate(layout.codes):
         column = rows[:, i]
         if code == "t":
             stored = time_us
@@ -118,18 +184,19 @@ def encode(tag: str, rows: np.ndarray) -> bytes | None:
                 return None
             stored = column
         else:
-            stored = column.astype(_STORAGE[code])
+            stored = column.astype(CODES[code])
             if (np.isfinite(column) & ~np.isfinite(stored)).any():  # too large for the float type
                 return None
         if code in ("t", "d") and not (np.isfinite(stored).all() and stored.min() >= 0 and stored.max() <= _I32):
             return None
-        out[name] = stored
-    return _pack(layout_id, len(rows), 0, anchor, out.tobytes())
+        out[f"c{i}"] = stored
+    return _pack(layout.id, len(rows), 0, anchor, out.tobytes())
 
 
-def decode(tag: str, blob: bytes) -> np.ndarray:
-    """float64 `[rows, columns]` (v1 columns) from a packed chunk of `tag`; FormatError when it is not one."""
-    table, _, errors = decode_many(tag, [blob])
+def decode(tag: str, blob: bytes, layout: Layout | None = None) -> np.ndarray:
+    """float64 `[rows, columns]` (the layout's columns) from a packed chunk of `tag`; FormatError when it is not
+    one. `layout`: as the tag's metadata describes it (`stored_layout`), default the declared one."""
+    table, _, errors = decode_many(tag, [blob], layout)
     if errors:
         raise errors[0][1]
     return table
@@ -138,46 +205,39 @@ def decode(tag: str, blob: bytes) -> np.ndarray:
 Decoded = tuple[np.ndarray, list[tuple[int, int]], list[tuple[int, FormatError]]]
 
 
-def decode_many(tag: str, blobs: list[bytes]) -> Decoded:
-    """Chunks of one tag decoded with the arithmetic done once for all of them.
+def decode_many(tag: str, blobs: list[bytes], layout: Layout | None = None) -> Decoded:
+    """Chunks of one tag, all in `layout` (default: the declared one), decoded with the arithmetic done once.
 
-    Returns the rows of the chunks that decode, concatenated in order; (index in `blobs`, row count) of each of
-    them; and (index, error) of each that does not.
+    Returns the rows of the chunks that decode, concatenated in order, in `layout.columns`; (index in `blobs`,
+    row count) of each of them; and (index, error) of each that does not.
     """
+    layout = layout or _layout(tag)
     errors: list[tuple[int, FormatError]] = []
     parts = []
-    sizes = _sizes(tag)
     for index, blob in enumerate(blobs):
         try:
-            parts.append((index, *_unpack(tag, blob, sizes)))
+            parts.append((index, *_unpack(tag, blob, layout)))
         except FormatError as error:
             errors.append((index, error))
+    if layout is None:
+        return np.empty((0, len(schema.columns_for(tag) or ()))), [], errors
     try:
-        table = _rebuild(tag, parts)
+        table = _rebuild(layout, parts)
     except FormatError:  # one of them is bad: rebuild them one by one to say which
         tables = []
         for part in list(parts):
             try:
-                tables.append(_rebuild(tag, [part]))
+                tables.append(_rebuild(layout, [part]))
             except FormatError as error:
                 errors.append((part[0], error))
                 parts.remove(part)
         errors.sort(key=lambda pair: pair[0])
-        table = np.concatenate(tables) if tables else _rebuild(tag, [])
+        table = np.concatenate(tables) if tables else _rebuild(layout, [])
     return table, [(index, rows) for index, _, rows, _, _ in parts], errors
 
 
-@functools.lru_cache(maxsize=1024)
-def _sizes(tag: str) -> tuple[int, int, int] | None:
-    """(layout id, bytes per row, bytes per exception) of `tag`'s chunks; None when `tag` has no layout."""
-    if tag == schema.STEPS_TAG:
-        return _STEPS_LAYOUT, _STEP_ROW.itemsize, _EXCEPTION_BYTES
-    layout = _layout(tag)
-    return None if layout is None else (layout[0], _ITEMSIZE[layout[0]], 0)
-
-
-def _unpack(tag: str, blob: bytes, sizes: tuple[int, int, int] | None) -> tuple[bytes, int, int, float]:
-    """(body, rows, exceptions, anchor) of one chunk of `tag` (`sizes`: its `_sizes`), header and body checked.
+def _unpack(tag: str, blob: bytes, layout: Layout | None) -> tuple[bytes, int, int, float]:
+    """(body, rows, exceptions, anchor) of one chunk of `tag` in `layout`, header and body checked.
 
     The body is inflated no further than the header's rows allow, and must be exactly that long.
     """
@@ -189,12 +249,13 @@ def _unpack(tag: str, blob: bytes, sizes: tuple[int, int, int] | None) -> tuple[
     if rows > MAX_ROWS or exceptions > rows or not math.isfinite(anchor):
         raise FormatError(f"packed chunk header claims {rows} rows, {exceptions} exceptions, anchor {anchor}")
     compressed, layout_id = layout_id & _ZLIB, layout_id & ~_ZLIB
-    if sizes is None or layout_id != sizes[0]:
+    if layout is None or layout_id != layout.id:
         raise FormatError(f"layout {layout_id} where steps (1) belong" if tag == schema.STEPS_TAG
                           else f"layout {layout_id} does not belong to {tag}")
-    if exceptions and not sizes[2]:
+    per_exception = _EXCEPTION_BYTES if layout.id == _STEPS_LAYOUT else 0
+    if exceptions and not per_exception:
         raise FormatError(f"{exceptions} exceptions in a layout that has none")
-    expected = rows * sizes[1] + exceptions * sizes[2]
+    expected = rows * layout.dtype.itemsize + exceptions * per_exception
     if compressed:
         inflater = zlib.decompressobj()
         try:
@@ -210,31 +271,28 @@ def _unpack(tag: str, blob: bytes, sizes: tuple[int, int, int] | None) -> tuple[
     return body, rows, exceptions, anchor
 
 
-def _rebuild(tag: str, parts: list[tuple[int, bytes, int, int, float]]) -> np.ndarray:
+def _rebuild(layout: Layout, parts: list[tuple[int, bytes, int, int, float]]) -> np.ndarray:
     """The float64 table of unpacked chunks, concatenated."""
     if not parts:
-        return np.empty((0, len(schema.columns_for(tag) or ())))
+        return np.empty((0, len(layout.columns)))
     counts = np.array([rows for _, _, rows, _, _ in parts], dtype=np.int64)
-    if tag == schema.STEPS_TAG:
+    if layout.id == _STEPS_LAYOUT:
         return _rebuild_steps(parts, counts)
-    fields = _layout(tag)[1]  # type: ignore[index]  # _unpack checked the layout
-    packed = np.frombuffer(b"".join(body for _, body, _, _, _ in parts), dtype=_row_dtype(fields))
+    packed = np.frombuffer(b"".join(body for _, body, _, _, _ in parts), dtype=layout.dtype)
     anchor = np.repeat([anchor for *_, anchor in parts], counts)
-    table = np.empty((len(fields), len(packed))).T  # column-major, as the steps
-    time_us = packed[next(name for name, code in fields.items() if code == "t")].astype(np.float64)
-    for i, (name, code) in enumerate(fields.items()):
+    table = np.empty((len(layout.codes), len(packed))).T  # column-major, as the steps
+    time_us = packed[f"c{layout.time}"].astype(np.float64)
+    for i, code in enumerate(layout.codes):
         if code == "t":
             table[:, i] = anchor + time_us / _US
         elif code == "d":
-            table[:, i] = anchor + (time_us + packed[name]) / _US
+            table[:, i] = anchor + (time_us + packed[f"c{i}"]) / _US
         else:
-            table[:, i] = packed[name]
+            table[:, i] = packed[f"c{i}"]
     return table
 
 
 def _encode_steps(rows: np.ndarray) -> bytes | None:
-    if rows.shape[1] != len(schema.STEP_COLUMNS):
-        return None
     step, epoch, begin, end, wait_ms, gap_ms, batches = rows.T
     if not (np.isfinite(begin).all() and np.isfinite(end).all()):
         return None

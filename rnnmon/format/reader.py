@@ -16,6 +16,12 @@ run's event files directly (`update_from_files`: no TensorFlow, checksums verifi
 read, in bounded batches; a FIFO, device or huge sparse file named like an event file is an error of its run; a
 file cut below what was read is read again from its last intact record, see `eventfile.RecordCursor`).
 
+Tables are read by name: each chunk is decoded as its tag's stored metadata describes it (columns, and from
+format version 3 the packed layout and storage codes; see `packing.stored_layout`), then its columns are placed by
+name into this reader's (`schema.columns_for`): a column the file lacks is NaN, one this reader does not know is
+skipped and named in `notes`, as is a format version newer than this reader's. Metadata this reader cannot decode
+makes that tag's packed chunks errors, never a guess at a layout.
+
 Example:
     >>> runs = read_logdir("runs")                      # what `rnnmon report` reads: {run name: RunData}
     >>> runs["exp1/rnnmon"].steps[:, 0]                 # global step numbers
@@ -151,6 +157,8 @@ class RunReader:
         self._only = tags  # decode only these tags (None: all); from files, only records that name one of them
         self._marks = None if tags is None else tuple(tag.encode() for tag in tags)
         self._content: dict[str, dict[str, Any] | None] = {}  # tag -> its JSON content; None: not rnnmon's
+        self._stored: dict[str, _Stored] = {}  # tag -> how its values were written, from the latest content read
+        self._notes: dict[str, None] = {}  # a newer writer's version and columns this reader does not know
         self._seen: dict[str, set[tuple[int, float]]] = {}  # per tag: provider datums decoded
         self._tables: dict[str, _Table] = {}
         self._documents: dict[str, list[tuple[int, Any]]] = {}
@@ -159,7 +167,7 @@ class RunReader:
         self._last_write = 0.0
         self._cursors: dict[str, RecordCursor] = {}  # per event file: where update_from_files is, and check_files
         self._checked: dict[str, RecordCursor] = {}
-        self._staged: dict[str, list[tuple[int, np.ndarray]]] = {}
+        self._staged: dict[str, list[tuple[int, bytes | np.ndarray, _Stored]]] = {}
         self._events: dict[tuple[int, float], str] = {}  # (step, wall time) of each rnnmon event read -> its file
         self._repeated: dict[tuple[str, str], None] = {}  # (file, an earlier file whose events it repeats)
         self._spans: dict[str, list[int]] = {}  # per file: the first and last step of its rnnmon events
@@ -192,7 +200,7 @@ class RunReader:
                                 f"({type(error).__name__}: {str(error)[:200]})")
         for tag, series in listing.items():
             if tag not in self._content:
-                self._content[tag] = schema.parse_content(series.plugin_content)
+                self._describe(tag, schema.parse_content(series.plugin_content))
             seen = self._seen.setdefault(tag, set())
             for datum in data.get(tag, []):
                 self._last_write = max(self._last_write, datum.wall_time)
@@ -278,10 +286,11 @@ class RunReader:
             if self._only is not None and tag not in self._only:
                 continue
             content = self._content.get(tag, _UNSEEN)
-            if content is _UNSEEN or (content is None and value.HasField("metadata")):
+            if content is _UNSEEN or value.HasField("metadata"):  # each file's first value of a tag carries it
                 is_ours = value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME
-                content = self._content[tag] = (schema.parse_content(value.metadata.plugin_data.content) if is_ours
-                                                else None)
+                content = (schema.parse_content(value.metadata.plugin_data.content) if is_ours
+                           else None if content is _UNSEEN else content)
+                self._describe(tag, content)
             if content is None:
                 continue  # not rnnmon's (its scalars, another plugin)
             if step is None:  # once per event, not per value
@@ -297,6 +306,18 @@ class RunReader:
                 continue
             self._stage(tag, step, raw)
         return step is not None
+
+    def _describe(self, tag: str, content: dict[str, Any] | None) -> None:
+        """Keep `tag`'s metadata content: what its next values are decoded and mapped by."""
+        self._content[tag] = content
+        if content is None:
+            return
+        self._stored[tag] = _stored(tag, content)
+        version = content.get("version")
+        if _is_number(version) and version > schema.FORMAT_VERSION:
+            self._notes[f"written by a newer rnnmon (format version {version}; this reader knows 1 to "
+                        f"{schema.FORMAT_VERSION}): tables are read by column name, and what cannot be read is "
+                        "named in errors"] = None
 
     # --- decoding ----------------------------------------------------------------------------------------
     def _add(self, tag: str, step: int, value: Any) -> None:
@@ -320,37 +341,29 @@ class RunReader:
                 return  # a tag from a newer rnnmon: ignore it
             if width == _BAD_DEVICE:
                 raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
+            stored = self._stored.get(tag) or _stored(tag, {})
             if isinstance(value, bytes):
                 if value[:4] != packing.MAGIC:
                     raise InvalidRecord("a string where a table belongs")
-            elif value.shape[1] != width:
-                raise InvalidRecord(f"expected rows of {width} columns, found shape {value.shape}")
+                if stored.problem:
+                    raise InvalidRecord(stored.problem)
+            elif value.shape[1] != len(stored.columns):
+                raise InvalidRecord(f"expected rows of {len(stored.columns)} columns, found shape {value.shape}")
         except _INVALID as error:
             self._error(f"{tag} at step {step}: {error}")
             return
-        self._staged.setdefault(tag, []).append((step, value))
+        self._staged.setdefault(tag, []).append((step, value, stored))
 
     def _commit(self) -> RunData:
         """Decode and check the chunks staged by this update, all of a tag at once, and append the valid ones."""
         for tag, staged in self._staged.items():
-            if all(isinstance(value, bytes) for _, value in staged):  # the usual case: one batch, no copies
-                rows, decoded, failed = packing.decode_many(tag, [value for _, value in staged])
-                steps = [staged[index][0] for index, _ in decoded]
-                counts = [count for _, count in decoded]
-            else:
-                tables, steps, counts, failed = [], [], [], []
-                for index, (step, value) in enumerate(staged):
-                    try:
-                        table = packing.decode(tag, value) if isinstance(value, bytes) else value
-                    except packing.FormatError as error:
-                        failed.append((index, error))
-                        continue
-                    tables.append(np.asarray(table, dtype=np.float64))
-                    steps.append(step)
-                    counts.append(len(table))
-                rows = np.concatenate(tables) if tables else np.empty((0, len(schema.columns_for(tag) or ())))
-            for index, error in failed:
-                self._error(f"{tag} at step {staged[index][0]}: {error}")
+            groups: dict[_Stored, list[tuple[int, bytes | np.ndarray]]] = {}  # usually one: a writer's metadata
+            for step, value, stored in staged:
+                groups.setdefault(stored, []).append((step, value))
+            decoded = [self._decode(tag, stored, values) for stored, values in groups.items()]
+            rows = decoded[0][0] if len(decoded) == 1 else np.concatenate([part[0] for part in decoded])
+            steps = [step for part in decoded for step in part[1]]
+            counts = [count for part in decoded for count in part[2]]
             try:
                 _check_rows(tag, rows)
             except InvalidRecord:  # rare: find the culprits chunk by chunk
@@ -366,6 +379,52 @@ class RunReader:
             self._tables.setdefault(tag, _Table(rows.shape[1])).extend(steps, rows, counts)
         self._staged = {}
         return self.data()
+
+    def _decode(self, tag: str, stored: _Stored, staged: list[tuple[int, bytes | np.ndarray]]
+                ) -> tuple[np.ndarray, list[int], list[int]]:
+        """(rows in this reader's columns, event steps, row counts) of the chunks of `tag` that decode, all
+        written as `stored` says; the others become errors."""
+        columns = schema.columns_for(tag) or ()
+        if all(isinstance(value, bytes) for _, value in staged):  # the usual case: one batch, no copies
+            rows, decoded, failed = packing.decode_many(tag, [value for _, value in staged], stored.layout)
+            rows = self._by_name(tag, rows, stored.layout.columns if stored.layout else columns)
+            steps = [staged[index][0] for index, _ in decoded]
+            counts = [count for _, count in decoded]
+        else:
+            tables, steps, counts, failed = [], [], [], []
+            for index, (step, value) in enumerate(staged):
+                try:
+                    if isinstance(value, bytes):
+                        table = packing.decode(tag, value, stored.layout)
+                        table = self._by_name(tag, table, stored.layout.columns)  # type: ignore[union-attr]
+                    else:
+                        table = self._by_name(tag, np.asarray(value, dtype=np.float64), stored.columns)
+                except packing.FormatError as error:
+                    failed.append((index, error))
+                    continue
+                tables.append(table)
+                steps.append(step)
+                counts.append(len(table))
+            rows = np.concatenate(tables) if tables else np.empty((0, len(columns)))
+        for index, error in failed:
+            self._error(f"{tag} at step {staged[index][0]}: {error}")
+        return rows, steps, counts
+
+    def _by_name(self, tag: str, rows: np.ndarray, stored: tuple[str, ...]) -> np.ndarray:
+        """`rows` with columns named `stored` as this reader's columns of `tag`: a column it lacks is NaN, a column
+        it does not know is skipped (and named in the run's notes)."""
+        columns = schema.columns_for(tag) or ()
+        if stored == columns:
+            return rows
+        unknown = [name for name in stored if name not in columns]
+        if unknown:
+            table = schema.table_name(tag)
+            self._notes[f"{table} has columns this reader does not know, skipped: {', '.join(unknown)[:200]}"] = None
+        out = np.full((len(rows), len(columns)), np.nan)
+        for i, name in enumerate(columns):
+            if name in stored:
+                out[:, i] = rows[:, stored.index(name)]
+        return out
 
     def _add_document(self, tag: str, step: int, doc: Any) -> None:
         if tag == schema.RUN_TAG:
@@ -390,9 +449,11 @@ class RunReader:
         return sum(table.inserted for table in self._tables.values())
 
     def notes(self) -> list[str]:
-        """Event files of this run that overlap: copies (each event counted once) and interleaved writers."""
-        notes = [f"{copy} repeats records of {first} (a copy of the file?): each is counted once"
-                 for copy, first in self._repeated]
+        """A newer writer's version and columns skipped; event files of this run that overlap: copies (each event
+        counted once) and interleaved writers."""
+        notes = [*self._notes]
+        notes += [f"{copy} repeats records of {first} (a copy of the file?): each is counted once"
+                  for copy, first in self._repeated]
         reach, reaching = -1, ""  # the latest step of the files swept so far, and the file that holds it
         for name, (first, last) in sorted(self._spans.items(), key=lambda item: item[1]):
             if first < reach:
@@ -428,6 +489,28 @@ class RunReader:
             else:
                 setattr(out, _TABLE_FIELDS[tag], table.view())
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+    """How a tag's values were written, from its metadata: the columns of a float64 table, and the layout of a
+    packed chunk (None, and `problem` saying why, when the metadata describes one this reader cannot decode)."""
+
+    columns: tuple[str, ...]
+    layout: packing.Layout | None
+    problem: str = ""
+
+
+def _stored(tag: str, content: dict[str, Any]) -> _Stored:
+    """`tag`'s `_Stored` from its metadata content; this reader's own columns where the content names none."""
+    names = content.get("columns")
+    columns = schema.columns_for(tag) or ()
+    if isinstance(names, list) and 0 < len(names) <= packing.MAX_COLUMNS and all(isinstance(n, str) for n in names):
+        columns = tuple(names)
+    try:
+        return _Stored(columns, packing.stored_layout(tag, content))
+    except packing.FormatError as error:
+        return _Stored(columns, None, f"cannot decode packed chunks as the metadata describes them: {error}")
 
 
 _TABLE_FIELDS = {schema.STEPS_TAG: "steps", schema.PHASES_TAG: "phases", schema.HOST_TAG: "host",

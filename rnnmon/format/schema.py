@@ -1,8 +1,10 @@
 """rnnmon's summary format: plugin name, tags, column layouts, and the `SummaryMetadata` that carries them.
 
-Every rnnmon table is a packed chunk (`rnnmon.format.packing`, version 2) or float64 of shape [rows, columns]
-(version 1), and every document a JSON string, tagged below, with `plugin_data.plugin_name == "rnnmon"`,
-`data_class == DATA_CLASS_TENSOR`, and JSON content naming its columns. See docs/format.md.
+Every rnnmon table is a packed chunk (`rnnmon.format.packing`, versions 2 and 3) or float64 of shape
+[rows, columns] (version 1), and every document a JSON string, tagged below, with
+`plugin_data.plugin_name == "rnnmon"`, `data_class == DATA_CLASS_TENSOR`, and JSON content naming its columns (and,
+from version 3, their storage). The tables' series are declared once, in `rnnmon.format.series`; the column tuples
+below derive from them. See docs/format.md.
 
 Example:
     >>> meta = tensor_metadata(STEPS_TAG)
@@ -18,8 +20,10 @@ from typing import Any
 
 from tensorboard.compat.proto import summary_pb2
 
+from rnnmon.format import series
+
 PLUGIN_NAME = "rnnmon"
-FORMAT_VERSION = 2
+FORMAT_VERSION = series.FORMAT_VERSION
 RUN_SUBDIR = "rnnmon"  # a run is `<log_dir>/rnnmon`, or `<log_dir>/<worker>/rnnmon` for a worker of a job
 TASK_TYPES = ("chief", "master", "worker", "ps", "evaluator")  # TF_CONFIG's task types (TensorFlow, Cloud AI)
 # A worker's folder name, whole (fullmatch): one of TASK_TYPES (or JAX's `process`), a dash and its index. Only these
@@ -29,37 +33,38 @@ WORKER_DIR = re.compile(rf"({'|'.join(TASK_TYPES)}|process)-(\d{{1,6}})")
 WORKER_RUN = re.compile(rf"(^|/)(?:{WORKER_DIR.pattern})/{re.escape(RUN_SUBDIR)}$")
 
 RUN_TAG = "rnnmon/run"  # JSON string: run description, rewritten at each fit's start and end
-STEPS_TAG = "rnnmon/steps"
-PHASES_TAG = "rnnmon/phases"
-HOST_TAG = "rnnmon/host"
-GAPS_TAG = "rnnmon/gaps"
+STEPS_TAG = series.STEPS_TAG
+PHASES_TAG = series.PHASES_TAG
+HOST_TAG = series.HOST_TAG
+GAPS_TAG = series.GAPS_TAG
 FINDINGS_TAG = "rnnmon/findings"  # JSON string: the latest list of findings
 ALERTS_TAG = "rnnmon/alerts"  # JSON string: alert records, appended per chunk
 SHAPES_TAG = "rnnmon/shapes"  # JSON string: the steps whose batch had an input shape new to the fit, per chunk
-UTIL_TAG_PREFIX = "rnnmon/util/gpu"  # + NVML index
-STATS_TAG_PREFIX = "rnnmon/stats/gpu"  # + NVML index
+UTIL_TAG_PREFIX = series.UTIL_PREFIX  # + NVML index
+STATS_TAG_PREFIX = series.STATS_PREFIX  # + NVML index
 
-STEP_COLUMNS = ("step", "epoch", "begin", "end", "input_wait_ms", "host_gap_ms", "batches")
-PHASE_COLUMNS = ("kind", "start", "end")
+# Each table's columns, in order: derived from the declarations in rnnmon.format.series (add a series there).
+STEP_COLUMNS = series.STEPS.columns
+PHASE_COLUMNS = series.PHASES.columns
 PHASE_KINDS = ("eval", "epoch_end", "warmup", "profile")  # append only: a kind is stored as its index
-UTIL_COLUMNS = ("time", "util_pct")
-STAT_COLUMNS = ("time", "memory_used_mib", "memory_total_mib", "power_w", "sm_clock_mhz", "temperature_c",
-                "pcie_rx_mib_s", "pcie_tx_mib_s", "clocks_event_reasons", "sm_activity_pct",
-                "sm_occupancy_pct", "tensor_util_pct", "dram_bw_util_pct")
-HOST_COLUMNS = ("time", "cpu_pct")
-GAP_COLUMNS = ("device", "start", "end", "cause")
+UTIL_COLUMNS = series.UTIL.columns
+STAT_COLUMNS = series.STATS.columns
+HOST_COLUMNS = series.HOST.columns
+GAP_COLUMNS = series.GAPS.columns
 GAP_CAUSES = ("input", "host", "eval", "other", "sync")  # sync: another GPU of the process computed
 STEP_DEVICE = -1  # the `device` of a gap derived from step phases (no GPU)
 
-_COLUMNS = {STEPS_TAG: STEP_COLUMNS, PHASES_TAG: PHASE_COLUMNS, HOST_TAG: HOST_COLUMNS, GAPS_TAG: GAP_COLUMNS}
-
 
 def columns_for(tag: str) -> tuple[str, ...] | None:
-    if tag.startswith(UTIL_TAG_PREFIX):
-        return UTIL_COLUMNS
-    if tag.startswith(STATS_TAG_PREFIX):
-        return STAT_COLUMNS
-    return _COLUMNS.get(tag)
+    """The columns this rnnmon reads and writes for `tag`, in order; None for a document or unknown tag."""
+    table = series.FORMAT.table(tag)
+    return None if table is None else table.columns
+
+
+def table_name(tag: str) -> str:
+    """`tag` as its table is named: `rnnmon/stats/gpu<N>` for every GPU's tag, other tags as they are."""
+    table = series.FORMAT.table(tag)
+    return f"{table.tag}<N>" if table is not None and table.per_device else tag
 
 
 def device_of(tag: str) -> int | None:
@@ -69,12 +74,20 @@ def device_of(tag: str) -> int | None:
     return None
 
 
-def tensor_metadata(tag: str, **extra: Any) -> summary_pb2.SummaryMetadata:
-    """Metadata for an rnnmon tag; `extra` (e.g. the device name) is stored in the JSON content."""
-    content: dict[str, Any] = {"version": FORMAT_VERSION}
-    columns = columns_for(tag)
-    if columns is not None:
-        content["columns"] = list(columns)
+def tensor_metadata(tag: str, fmt: series.Format = series.FORMAT, **extra: Any) -> summary_pb2.SummaryMetadata:
+    """Metadata for an rnnmon tag as `fmt` writes it; `extra` (e.g. the device name) is stored in the JSON content.
+
+    A table's content names its columns, in order, and (version 3) its packed layout id and, for a layout of one
+    storage code per column, those codes: what a reader needs to decode and map a table it did not compile in.
+    """
+    content: dict[str, Any] = {"version": fmt.version}
+    table = fmt.table(tag)
+    if table is not None:
+        content["columns"] = list(table.columns)
+        if table.layout:
+            content["layout"] = table.layout
+        if table.codec == series.ROWS_CODEC:
+            content["storage"] = list(table.storage)
     if tag == PHASES_TAG:
         content["kinds"] = list(PHASE_KINDS)
     if tag == GAPS_TAG:

@@ -1,6 +1,7 @@
 """Writes rnnmon's summaries straight to a TensorBoard event file: no TensorFlow, any backend.
 
-Tables are packed (summary format version 2, `rnnmon.format.packing`): 12 bytes a step instead of 56. The values added
+Tables are packed (`rnnmon.format.packing`, in the layouts `rnnmon.format.series` declares): 12 bytes a step instead
+of 56; each tag's metadata names its columns and their storage, so readers map them by name. The values added
 between two `flush()` calls go into as few events as possible: one event holds every table of a chunk (one per
 tag) and one holds the chunk's scalars, so the framing is paid once per chunk, not per tag. Tensor tags are
 stamped with a strictly increasing sequence (milliseconds since the epoch) so chunks from one or several
@@ -32,7 +33,7 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
-from rnnmon.format import packing
+from rnnmon.format import packing, series
 from rnnmon.format.eventfile import EventFileAppender
 from rnnmon.format.schema import FINDINGS_TAG, RUN_TAG, tensor_metadata
 
@@ -43,8 +44,9 @@ _LATEST_WINS = (RUN_TAG, FINDINGS_TAG)  # tags whose latest value is the one rea
 class SummaryWriter:
     """Appends rnnmon tensors and scalars to one event file in `run_dir`."""
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(self, run_dir: str, fmt: series.Format = series.FORMAT) -> None:
         self.run_dir = run_dir
+        self.format = fmt  # the declarations written: each table's columns, storage and layout
         self._file = EventFileAppender(run_dir)
         self._file.add(_header())
         self._sequence = 0
@@ -63,7 +65,8 @@ class SummaryWriter:
             for first in range(0, len(array), packing.MAX_ROWS):
                 self.table(tag, array[first:first + packing.MAX_ROWS], **extra)
             return
-        packed = packing.encode(tag, array) if packing.packable(tag) else None
+        layout = packing.layout_of(tag, self.format)
+        packed = packing.encode(tag, array, layout) if layout is not None else None
         if packed is not None:
             proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[packed])
         else:  # version 1's float64 table: phases, and chunks a packed layout cannot hold
@@ -72,12 +75,12 @@ class SummaryWriter:
                 tensor_shape=tensor_shape_pb2.TensorShapeProto(
                     dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]),
                 tensor_content=array.tobytes())
-        self._add(tag, proto, lambda: tensor_metadata(tag, **extra))
+        self._add(tag, proto, lambda: tensor_metadata(tag, self.format, **extra))
 
     def json(self, tag: str, value: Any) -> None:
         """A JSON document (run description, findings, alerts) as a string tensor."""
         proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[json.dumps(value).encode()])
-        self._add(tag, proto, lambda: tensor_metadata(tag))
+        self._add(tag, proto, lambda: tensor_metadata(tag, self.format))
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """A standard scalar, shown in TensorBoard's Scalars tab beside the loss."""

@@ -112,7 +112,7 @@ class Sampler:
     """Polls NVML for each chosen device and the process's CPU use; `drain()` hands over what was read.
 
     Per device (keyed by the NVML index of the GPU): utilization rows (time, pct) and stat rows
-    (`metadata.STAT_COLUMNS`).
+    (`schema.STAT_COLUMNS`, declared in `rnnmon.format.series.STATS`: a value is keyed by its column name).
     """
 
     def __init__(self, nvml: Nvml, targets: Sequence[GpuTarget | int],

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from rnnmon.format import schema
+from rnnmon.format import schema, series
 from rnnmon.format.reader import RunData
 
 from .downsample import IntervalCoverage, MinMaxPyramid, bin_intervals, minmax_indices
@@ -34,7 +34,9 @@ from .downsample import IntervalCoverage, MinMaxPyramid, bin_intervals, minmax_i
 __all__ = ["TimelineIndex", "array_bytes", "bin_intervals", "build_timeline", "extent", "minmax_indices"]
 
 _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
-_SM_ACTIVITY = schema.STAT_COLUMNS.index("sm_activity_pct")
+# The GPU series the tab draws, as declared (`Series.drawn`): (key in `/timeline`, RunData table, column).
+_GPU_SERIES = (*((key, "util", column) for key, column in series.drawn(series.UTIL)),
+               *((key, "stats", column) for key, column in series.drawn(series.STATS)))
 PHASE_LIMIT = 100  # phases are drawn as shapes, which plotly draws one by one
 
 
@@ -181,31 +183,37 @@ def _step_columns(steps: np.ndarray, origin: float) -> tuple[np.ndarray, np.ndar
 
 
 class _GpuIndex:
-    """One GPU's utilization and (where the GPU has GPM) SM activity, each a pyramid over time."""
+    """One GPU's drawn series (`_GPU_SERIES`: utilization and, where the GPU has GPM, SM activity), each a pyramid
+    over time."""
 
     def __init__(self, run: RunData, index: int, origin: float) -> None:
         self.index = index
         self.name = str(run.devices.get(index, {}).get("name", f"GPU {index}"))
         self.utilization = str(run.devices.get(index, {}).get("utilization", "nvml"))  # or "not reported on MIG"
-        stats = run.stats.get(index, np.empty((0, len(schema.STAT_COLUMNS))))
-        util = run.util.get(index, np.empty((0, len(schema.UTIL_COLUMNS))))
-        self.util = _series_pyramid(util[:, 0] - origin, util[:, 1])
-        self.sm = _series_pyramid(stats[:, 0] - origin, stats[:, _SM_ACTIVITY])
+        self.series = {key: _series_pyramid(*_samples(run, index, table, column, origin))
+                       for key, table, column in _GPU_SERIES}
 
     def appended(self, new: RunData, origin: float) -> _GpuIndex | None:
         """A new index with this GPU's samples in `new` added; None when one comes before the last indexed."""
-        stats = new.stats.get(self.index, np.empty((0, len(schema.STAT_COLUMNS))))
-        util = new.util.get(self.index, np.empty((0, len(schema.UTIL_COLUMNS))))
         out = copy.copy(self)
-        out.util = self.util.appended(*_measured(util[:, 0] - origin, util[:, 1]))
-        out.sm = self.sm.appended(*_measured(stats[:, 0] - origin, stats[:, _SM_ACTIVITY]))
-        return None if out.util is None or out.sm is None else out
+        out.series = {key: self.series[key].appended(*_measured(*_samples(new, self.index, table, column, origin)))
+                      for key, table, column in _GPU_SERIES}
+        return None if None in out.series.values() else out
 
     def view(self, lo: float, hi: float, points: int) -> dict[str, Any]:
-        sm = _series(self.sm, lo, hi, points)
+        """Each drawn series by its key; the first (utilization) always, the others null where never measured."""
+        drawn = {key: _series(pyramid, lo, hi, points) for key, pyramid in self.series.items()}
+        first = _GPU_SERIES[0][0]
         return {"index": self.index, "name": self.name, "utilization": self.utilization,
-                "util": _series(self.util, lo, hi, points),
-                "sm_activity": sm if sm["total"] else None}
+                **{key: view if key == first or view["total"] else None for key, view in drawn.items()}}
+
+
+def _samples(run: RunData, index: int, table: str, column: int, origin: float) -> tuple[np.ndarray, np.ndarray]:
+    """(time since the origin, value) of one column of GPU `index`'s `table` ("util" or "stats") in `run`."""
+    rows = getattr(run, table).get(index)
+    if rows is None:
+        return np.empty(0), np.empty(0)
+    return rows[:, 0] - origin, rows[:, column]
 
 
 def _series_pyramid(time: np.ndarray, value: np.ndarray) -> MinMaxPyramid:

@@ -146,3 +146,15 @@ def test_the_created_series_are_documented():
         text = page.read()
     assert "`<name>_created`" in text
     assert all(f"`{name}_total" in text or f"`{name}_total{{" in text for name in created), created
+
+
+def test_every_exported_series_feeds_a_documented_served_metric():
+    """`Series.exported` in rnnmon/format/series.py names the metric each recorded series feeds: each is in the
+    metric table of docs/prometheus.md and in an exporter's registry."""
+    from rnnmon.alerts.prometheus import PrometheusExporter
+    from rnnmon.format import series
+
+    served = {family.name + ("_total" if family.type == "counter" else "")
+              for family in PrometheusExporter(job="docs").registry.collect()}
+    exported = set(series.exported())
+    assert "rnnmon_gpu_utilization_ratio" in exported and exported <= served and exported <= set(documented_metrics())
