@@ -372,9 +372,15 @@ def main() -> None:
     report = {"fake_gpu": gpu, "fits": results, "hot_path_us": hot_path, "cycles": cycles}
     if args.json:
         print(json.dumps(report, indent=2))
-        return
-    print(f"fake GPU: {gpu}; {args.repeats} rounds of {args.steps}-step fits, arms in rotating order; medians "
-          "over rounds, added = median of (arm - plain fit of the same round)")
+    else:
+        print_report(report)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The report as tables (`--json` prints it as it is)."""
+    results, hot_path = report["fits"], report["hot_path_us"]
+    print(f"fake GPU: {report['fake_gpu']}; {results[0]['repeats']} rounds of {results[0]['steps']}-step fits, arms "
+          "in rotating order; medians over rounds, added = median of (arm - plain fit of the same round)")
     for r in results:
         print(f"\nsteps_per_execution={r['steps_per_execution']}, load average {r['load_average'][0]} before, "
               f"{r['load_average'][1]} after ({os.cpu_count()} cores)")
@@ -399,7 +405,7 @@ def main() -> None:
     print(f"  train function:{'':>55}{'thread':>9}{'process':>9}{'wall':>9}")
     for name, clocks in hot_path["train_function"].items():
         print(f"    {name:<66}" + "".join(f"{clocks[c]:>9.1f}" for c in ("thread", "process", "wall")))
-    for c in cycles:
+    for c in report["cycles"]:
         print(f"cycles after a fit ({c['arm']}): {c['cyclic_objects']} objects, {c['collect_ms']} ms to collect; "
               f"frames/tracebacks/iterators among them: {c['frames_tracebacks_iterators'] or 'none'}")
 
