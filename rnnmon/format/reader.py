@@ -645,3 +645,14 @@ def _check_shape(item: Any) -> None:
 
 _DOCUMENT_CHECKS = {schema.FINDINGS_TAG: _check_finding, schema.ALERTS_TAG: _check_alert,
                     schema.SHAPES_TAG: _check_shape}
+
+
+def raw_value(tag: str, tensor: Any) -> np.ndarray:
+    """One table chunk of `tag` from its TensorProto, as float64 rows in version 1's columns, checked as
+    `RunReader` checks it (shape and size first, then the rows); InvalidRecord or packing.FormatError when it fails."""
+    raw = _raw_from_proto(tensor)
+    table = packing.decode(tag, raw) if isinstance(raw, bytes) else np.asarray(raw, dtype=np.float64)
+    if table.ndim != 2 or table.shape[1] != _table_width(tag):
+        raise InvalidRecord(f"expected rows of {_table_width(tag)} columns, found shape {table.shape}")
+    _check_rows(tag, table)
+    return table
