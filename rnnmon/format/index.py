@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from rnnmon.format import schema
+from rnnmon.format import packing, schema
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
 
 LOG = logging.getLogger("rnnmon")
@@ -299,9 +299,14 @@ class IndexWriter:
             records.tobytes()))
         self.abandoned = False
 
-    def table(self, tag: str, rows: np.ndarray, step: int) -> None:
-        """Stage a chunk of a drawn tag; one a reader would refuse (wrong width, a non-finite time) is left out,
-        as readers leave it out."""
+    def table(self, tag: str, rows: np.ndarray, packed: bytes | None, step: int) -> None:
+        """Stage a chunk of a drawn tag, as readers will decode it (`packed`: its packed bytes, or None where it is
+        stored as float64); one a reader would refuse (wrong width, a non-finite time) is left out, as readers leave
+        it out."""
+        if not drawn(tag):
+            return
+        if packed is not None:
+            rows = packing.decode(tag, packed)
         columns = schema.columns_for(tag)
         if (self.abandoned or not drawn(tag) or rows.ndim != 2 or not len(rows) or columns is None
                 or rows.shape[1] != len(columns) or not np.isfinite(rows[:, _times(tag)]).all()):

@@ -74,7 +74,7 @@ class SummaryWriter:
                 tensor_shape=tensor_shape_pb2.TensorShapeProto(
                     dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]),
                 tensor_content=array.tobytes())
-        self._index.table(tag, array, self._add(tag, proto, lambda: tensor_metadata(tag, **extra)))
+        self._index.table(tag, array, packed, self._add(tag, proto, lambda: tensor_metadata(tag, **extra)))
 
     def json(self, tag: str, value: Any) -> None:
         """A JSON document (run description, findings, alerts) as a string tensor."""
