@@ -47,6 +47,7 @@ LOG = logging.getLogger("rnnmon")
 INDEX_DIR = "rnnmon-index"
 BLOCK = 64  # rows per level-0 record
 FAN = 16  # level-k records per level-k+1 record
+SCAN_BYTES = 4 << 20  # event bytes indexed in memory at a time (a run without an index): its rows, ~14 MB, at once
 DRAWN_TAGS = (schema.STEPS_TAG, schema.PHASES_TAG, schema.GAPS_TAG)  # and the util and stats tags of every GPU
 _SM = schema.STAT_COLUMNS.index("sm_activity_pct")
 _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
@@ -114,39 +115,45 @@ def intact(records: np.ndarray) -> bool:
 
 # --- series: what is drawn, from a chunk of a table --------------------------------------------------------
 def series_of(tag: str, rows: np.ndarray) -> Iterator[tuple[str, tuple[np.ndarray, ...]]]:
-    """(series, (time, key, values)) for drawn points, (series, (start, end)) for intervals, of one chunk."""
+    """(series, (time, key, values)) for drawn points, (series, (start, end)) for intervals, of a table's rows."""
+    for name, parts, _ in _series_rows(tag, rows):
+        yield name, parts
+
+
+def _series_rows(tag: str, rows: np.ndarray) -> Iterator[tuple[str, tuple[np.ndarray, ...], np.ndarray]]:
+    """`series_of`, with the numbers of the rows each series took, in order."""
     if tag == schema.STEPS_TAG:
-        kept = rows[~np.isnan(rows[:, _S["host_gap_ms"]])]  # each fit's first step is its warm-up phase
+        used = np.flatnonzero(~np.isnan(rows[:, _S["host_gap_ms"]]))  # each fit's first step is its warm-up
+        kept = rows[used]
         wait = kept[:, _S["input_wait_ms"]]
         values = np.column_stack([wait, 1e3 * (kept[:, _S["end"]] - kept[:, _S["begin"]]) - np.nan_to_num(wait),
                                   kept[:, _S["host_gap_ms"]]]).astype(np.float32)
-        yield "steps", (kept[:, _S["begin"]], kept[:, _S["step"]].astype(np.float64), values)
+        yield "steps", (kept[:, _S["begin"]], kept[:, _S["step"]].astype(np.float64), values), used
     elif tag.startswith((schema.UTIL_TAG_PREFIX, schema.STATS_TAG_PREFIX)):
         device = schema.device_of(tag)
         util = tag.startswith(schema.UTIL_TAG_PREFIX)
         value = rows[:, 1] if util else rows[:, _SM]
-        ok = ~np.isnan(value)
+        used = np.flatnonzero(~np.isnan(value))
         yield (f"util{device}" if util else f"sm{device}"), (
-            rows[ok, 0], np.zeros(int(ok.sum())), value[ok].astype(np.float32)[:, None])
-    elif tag == schema.GAPS_TAG:
-        for device, cause in sorted({(int(d), int(c)) for d, c in rows[:, [0, 3]].tolist()}):
-            mine = (rows[:, 0] == device) & (rows[:, 3] == cause)
-            yield f"gaps.d{device}.c{cause}", (rows[mine, 1], rows[mine, 2])
-    elif tag == schema.PHASES_TAG:
-        for kind in sorted({int(k) for k in rows[:, 0].tolist()}):
-            mine = rows[:, 0] == kind
-            yield f"phases.k{kind}", (rows[mine, 1], rows[mine, 2])
+            rows[used, 0], np.zeros(len(used)), value[used].astype(np.float32)[:, None]), used
+    elif tag in (schema.GAPS_TAG, schema.PHASES_TAG):
+        gaps = tag == schema.GAPS_TAG
+        kinds = len(schema.GAP_CAUSES) if gaps else 1
+        codes = ((rows[:, 0] + 1) * kinds + rows[:, 3]).astype(np.int64) if gaps else rows[:, 0].astype(np.int64)
+        for code in np.flatnonzero(np.bincount(codes)).tolist():  # devices from -1, causes and kinds from 0
+            used = np.flatnonzero(codes == code)
+            name = f"gaps.d{code // kinds - 1}.c{code % kinds}" if gaps else f"phases.k{code}"
+            yield name, (rows[used, 1], rows[used, 2]), used
 
 
-def _span(series: str, parts: tuple[np.ndarray, ...]) -> tuple[float, float]:
-    """The first and last time of a chunk's rows of a series: steps end with their last step's end, intervals
-    with their latest end."""
+def _spans(series: str, parts: tuple[np.ndarray, ...], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per run of rows beginning at `starts`: the first and last time of a series' rows (steps end with their last
+    step's end, intervals with their latest end)."""
     if len(parts) == 2:
-        return float(parts[0].min()), float(parts[1].max())
+        return np.minimum.reduceat(parts[0], starts), np.maximum.reduceat(parts[1], starts)
     time, _, values = parts
-    if series == "steps":
-        return float(time.min()), float((time + np.nan_to_num(values[:, :2]).sum(axis=1) / 1e3).max())
-    return float(time.min()), float(time.max())
+    last = time + np.nan_to_num(values[:, :2]).sum(axis=1) / 1e3 if series == "steps" else time
+    return np.minimum.reduceat(time, starts), np.maximum.reduceat(last, starts)
 
 
 # --- pyramids ----------------------------------------------------------------------------------------------
@@ -264,15 +271,25 @@ class IndexBuilder:
 
     def add(self, tag: str, rows: np.ndarray, step: int, offset: int, length: int) -> None:
         """One chunk of `tag` (float64 rows, v1 columns) in the event at `offset` (framed `length` bytes)."""
+        self.add_many(tag, rows, [len(rows)], [step], [offset], [length])
+
+    def add_many(self, tag: str, rows: np.ndarray, counts: list[int], steps: list[int], offsets: list[int],
+                 lengths: list[int]) -> None:
+        """Chunks of `tag`, in file order: `counts[i]` rows of `rows` from the event at `offsets[i]`."""
         if not len(rows) or not drawn(tag):
             return
-        for name, parts in series_of(tag, rows):
-            if not len(parts[0]):
+        chunk = np.repeat(np.arange(len(counts)), counts)
+        for name, parts, used in _series_rows(tag, rows):
+            if not len(used):
                 continue
-            entry = np.zeros(1, dtype=DIRECTORY)
-            entry["offset"], entry["length"], entry["step"], entry["rows"] = offset, length, step, len(parts[0])
-            entry["t_first"], entry["t_last"] = _span(name, parts)
-            self._sink(_dir_name(name), seal(entry))
+            ids = chunk[used]
+            starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+            which = ids[starts]
+            entries = np.zeros(len(starts), dtype=DIRECTORY)
+            entries["offset"], entries["length"] = np.asarray(offsets)[which], np.asarray(lengths)[which]
+            entries["step"], entries["rows"] = np.asarray(steps)[which], np.diff(np.r_[starts, len(ids)])
+            entries["t_first"], entries["t_last"] = _spans(name, parts, starts)
+            self._sink(_dir_name(name), seal(entries))
             pyramid = self.series.get(name)
             if pyramid is None:
                 pyramid = self.series[name] = (IntervalPyramid() if len(parts) == 2
@@ -506,13 +523,13 @@ class FileIndex:
         from google.protobuf.message import DecodeError
         from tensorboard.compat.proto import event_pb2
 
-        from rnnmon.format.reader import InvalidRecord, raw_value
+        from rnnmon.format.reader import decode_chunks
 
         grew, more = False, True
         while more:
             start = self._cursor.offset
             try:
-                scan = self._cursor.scan(self.path)
+                scan = self._cursor.scan(self.path, SCAN_BYTES)
             except OSError as error:
                 self.errors.append(f"{os.path.basename(self.path)}: cannot read: {error.strerror or error}")
                 return
@@ -520,6 +537,7 @@ class FileIndex:
             if scan.problem:
                 self.errors.append(f"{os.path.basename(self.path)}: {scan.problem}")
             position = start
+            staged: dict[str, list[tuple[int, int, int, Any]]] = {}
             for record in scan.records:
                 length = len(record) + 16
                 where = (position, length) if scan.problem is None else (0, 0)  # not located: never read back
@@ -532,13 +550,12 @@ class FileIndex:
                     continue
                 for value in event.summary.value:
                     if drawn(value.tag):
-                        try:
-                            rows = raw_value(value.tag, value.tensor)
-                        except (InvalidRecord, ValueError) as error:
-                            self.errors.append(f"{value.tag} at step {event.step}: {error}")
-                            continue
-                        self._builder.add(value.tag, rows, event.step, *where)
-                        grew = True
+                        staged.setdefault(value.tag, []).append((event.step, *where, value.tensor))
+            for tag, chunks in staged.items():
+                rows, counts, kept, failed = decode_chunks(tag, [tensor for *_, tensor in chunks])
+                self.errors += [f"{tag} at step {chunks[i][0]}: {error}" for i, error in failed]
+                self._builder.add_many(tag, rows, counts, *([chunks[i][n] for i in kept] for n in range(3)))
+                grew = True
         if grew:
             self.memory = Part(self._sink.arrays(), {
                 name: pyramid.pending for name, pyramid in self._builder.series.items()})
@@ -630,12 +647,35 @@ def _bisect(array: np.ndarray, field: str, value: float, side: str) -> int:
     return (bisect.bisect_left if side == "left" else bisect.bisect_right)(_Field(array, field), value)
 
 
+def devices_in(path: str, max_bytes: int = 1 << 20) -> dict[int, dict[str, Any]]:
+    """The GPUs an event file describes (its util and stats tags' metadata: index, name, uuid, ...), from its first
+    `max_bytes`, where a writer describes each tag with its first value."""
+    from tensorboard.compat.proto import event_pb2
+
+    found: dict[int, dict[str, Any]] = {}
+    try:
+        records = RecordCursor(0).scan(path, max_bytes).records
+    except OSError:
+        return found
+    for record in records:
+        if schema.UTIL_TAG_PREFIX.encode() not in record and schema.STATS_TAG_PREFIX.encode() not in record:
+            continue
+        for value in event_pb2.Event.FromString(record).summary.value:
+            device = schema.device_of(value.tag)
+            if device is not None and value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME:
+                described = schema.parse_content(value.metadata.plugin_data.content).get("device")
+                if isinstance(described, dict):
+                    found.setdefault(device, described)
+    return found
+
+
 class RunIndex:
-    """The indexes of every event file of one run folder."""
+    """The indexes of every event file of one run folder, and the GPUs they describe."""
 
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
         self.files: dict[str, FileIndex] = {}
+        self.devices: dict[int, dict[str, Any]] = {}
 
     def refresh(self) -> None:
         try:
@@ -646,6 +686,8 @@ class RunIndex:
             index = self.files.get(name)
             if index is None:
                 index = self.files[name] = FileIndex(os.path.join(self.run_dir, name))
+                for device, described in devices_in(index.path).items():
+                    self.devices.setdefault(device, described)
             index.refresh()
 
     @property

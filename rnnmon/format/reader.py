@@ -647,12 +647,50 @@ _DOCUMENT_CHECKS = {schema.FINDINGS_TAG: _check_finding, schema.ALERTS_TAG: _che
                     schema.SHAPES_TAG: _check_shape}
 
 
+
 def raw_value(tag: str, tensor: Any) -> np.ndarray:
     """One table chunk of `tag` from its TensorProto, as float64 rows in version 1's columns, checked as
     `RunReader` checks it (shape and size first, then the rows); InvalidRecord or packing.FormatError when it fails."""
-    raw = _raw_from_proto(tensor)
-    table = packing.decode(tag, raw) if isinstance(raw, bytes) else np.asarray(raw, dtype=np.float64)
-    if table.ndim != 2 or table.shape[1] != _table_width(tag):
-        raise InvalidRecord(f"expected rows of {_table_width(tag)} columns, found shape {table.shape}")
-    _check_rows(tag, table)
-    return table
+    rows, _, _, failed = decode_chunks(tag, [_raw_from_proto(tensor)])
+    if failed:
+        raise InvalidRecord(failed[0][1])
+    return rows
+
+
+def decode_chunks(tag: str, tensors: list[Any]) -> tuple[np.ndarray, list[int], list[int], list[tuple[int, str]]]:
+    """Table chunks of `tag` (TensorProtos, or what `_raw_from_proto` made of them) decoded and checked together, as
+    `RunReader` does: (their rows concatenated, row count and index of each chunk kept, (index, error) of each
+    refused)."""
+    width = _table_width(tag)
+    raws, failed = [], []
+    for index, tensor in enumerate(tensors):
+        try:
+            raw = tensor if isinstance(tensor, (bytes, np.ndarray)) else _raw_from_proto(tensor)
+            if not isinstance(raw, bytes) and raw.shape[1] != width:
+                raise InvalidRecord(f"expected rows of {width} columns, found shape {raw.shape}")
+            raws.append((index, raw))
+        except _INVALID as error:
+            failed.append((index, str(error)))
+    tables, kept = [], []
+    packed = [(index, raw) for index, raw in raws if isinstance(raw, bytes)]
+    if packed:
+        rows, decoded, errors = packing.decode_many(tag, [raw for _, raw in packed])
+        failed += [(packed[i][0], str(error)) for i, error in errors]
+        starts = np.cumsum([0, *(count for _, count in decoded)])
+        tables += [(packed[i][0], rows[starts[n]:starts[n + 1]]) for n, (i, _) in enumerate(decoded)]
+    tables += [(index, np.asarray(raw, dtype=np.float64)) for index, raw in raws if not isinstance(raw, bytes)]
+    tables.sort(key=lambda pair: pair[0])
+    good = []
+    try:
+        _check_rows(tag, np.concatenate([t for _, t in tables]) if tables else np.empty((0, width)))
+        good = tables
+    except InvalidRecord:  # rare: find the culprits chunk by chunk
+        for index, table in tables:
+            try:
+                _check_rows(tag, table)
+                good.append((index, table))
+            except InvalidRecord as error:
+                failed.append((index, str(error)))
+    kept = [index for index, _ in good]
+    rows = np.concatenate([t for _, t in good]) if good else np.empty((0, width))
+    return rows, [len(t) for _, t in good], kept, sorted(failed)

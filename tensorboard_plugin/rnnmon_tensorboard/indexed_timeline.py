@@ -12,7 +12,7 @@
   covered seconds of each coverage record spread evenly over its span (exact for the rows not in a record yet).
 
 Example:
-    >>> timeline = IndexedTimeline("exp1/rnnmon", "runs/exp1/rnnmon", gpus=[{"index": 0, "name": "H200"}])
+    >>> timeline = IndexedTimeline("exp1/rnnmon", "runs/exp1/rnnmon")
     >>> timeline.refresh()
     >>> timeline.view(None, None, 1280)["steps"]["total"]
 """
@@ -39,11 +39,9 @@ RETRIES = 3  # a window read again after the index disagreed with the data (each
 class IndexedTimeline:
     """A run's timeline served from its index; `refresh()` takes in what was written since."""
 
-    def __init__(self, run: str, run_dir: str, gpus: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, run: str, run_dir: str) -> None:
         self.run = run
         self.index = RunIndex(run_dir)
-        self.gpus = {int(g["index"]): g for g in gpus or [] if isinstance(g, dict) and isinstance(
-            g.get("index"), int)}
 
     def refresh(self) -> None:
         self.index.refresh()
@@ -98,7 +96,7 @@ class IndexedTimeline:
                 "input_wait_ms": _list(wait, 3), "compute_ms": _list(compute, 3), "host_gap_ms": _list(gap, 3)}
 
     def _gpu(self, index: int, window: tuple[float, float, float], points: int) -> dict[str, Any]:
-        described = self.gpus.get(index, {})
+        described = self.index.devices.get(index, {})
         out: dict[str, Any] = {"index": index, "name": str(described.get("name", f"GPU {index}")),
                                "utilization": str(described.get("utilization", "nvml"))}
         for series, field in ((f"util{index}", "util"), (f"sm{index}", "sm_activity")):

@@ -320,8 +320,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         key = (experiment, run)
         with self._lock:
             entry = self._indexed.pop(key, None)
-        if entry is None:  # its GPUs' names from its description
-            entry = _Indexed(IndexedTimeline(run, run_dir, self._description(experiment, run)[0].get("gpus")))
+        if entry is None:
+            entry = _Indexed(IndexedTimeline(run, run_dir))
         with self._lock:
             self._indexed[key] = entry  # the most recently asked last
         with entry.lock:

@@ -63,6 +63,7 @@ def test_the_writer_writes_an_index_beside_each_event_file_that_tensorboard_does
 def test_a_long_window_is_drawn_from_the_pyramid_with_every_extreme(written):
     whole, drawn = _whole(written), _indexed(written).view(None, None, 1280)
     assert drawn["origin"] == whole["origin"] and drawn["extent"] == whole["extent"]
+    assert drawn["gpus"][0]["name"] == whole["gpus"][0]["name"] == "Fake GPU <0>"
     steps = drawn["steps"]
     assert steps["downsampled"] and steps["total"] == whole["steps"]["total"] == CHUNKS * PER_CHUNK - 1
     real = _rows(written)
