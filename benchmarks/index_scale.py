@@ -3,10 +3,11 @@ and read whole, side by side: the TensorBoard Python process's CPU seconds and w
 its resident memory when idle and the peak during that request (VmHWM reset before it through
 /proc/PID/clear_refs), then a cached request and a zoom to 1% of the run.
 
-Each LOGDIR holds one run (`rnnmon`, as benchmarks/synthetic_run.py writes it: LOGDIR/rnnmon). "index" is the
-default (runs with 4 MiB of event files or more are drawn from their index; a run without one gets it built in
-memory on this first request); "whole" passes `--rnnmon_index_from_bytes` past the run's size, which reads the run
-whole as before the index. The machine's load average is printed beside the figures.
+Each LOGDIR holds one run (`rnnmon`, as benchmarks/synthetic_run.py writes it: LOGDIR/rnnmon). Modes: "default"
+(runs with 4 MiB of event files or more are drawn from their index, shorter ones read whole); "index" (every run
+drawn from its index: `--rnnmon_index_from_bytes=0`; a run without one gets it built in memory on this first
+request); "whole" (`--rnnmon_index_from_bytes` past the run's size: read whole, as before the index). The
+machine's load average is printed beside the figures.
 
 Usage:
     python benchmarks/index_scale.py LOGDIR [LOGDIR ...] [--modes index whole]
@@ -26,7 +27,8 @@ from tab_scale import cpu_s, memory_mb, timed, wait_loaded
 from tab_session import tensorboard
 
 POINTS = 1280
-FLAGS = {"index": [], "whole": ["--rnnmon_index_from_bytes=1000000000000000"]}
+FLAGS = {"default": [], "index": ["--rnnmon_index_from_bytes=0"],
+         "whole": ["--rnnmon_index_from_bytes=1000000000000000"]}
 
 
 def measure(logdir: str, mode: str) -> dict[str, object]:
