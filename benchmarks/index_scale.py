@@ -1,7 +1,7 @@
 """Cold `/timeline` of one long run in a fresh `tensorboard --logdir` (default flags), drawn from its reading index
 and read whole, side by side: the TensorBoard Python process's CPU seconds and wall seconds for the first request,
 its resident memory when idle and the peak during that request (VmHWM reset before it through
-/proc/PID/clear_refs), then a cached request and a zoom to 1% of the run.
+/proc/PID/clear_refs), then a cached request, a zoom to 1% of the run, and the first `/runs` (CPU, peak).
 
 Each LOGDIR holds one run (`rnnmon`, as benchmarks/synthetic_run.py writes it: LOGDIR/rnnmon). Modes: "default"
 (runs with 4 MiB of event files or more are drawn from their index, shorter ones read whole); "index" (every run
@@ -52,12 +52,17 @@ def measure(logdir: str, mode: str) -> dict[str, object]:
         cached = [timed(url, pid, "timeline", run=run, points=POINTS)[:2] for _ in range(3)]
         end = body["extent"]["end"]
         zoom = timed(url, pid, "timeline", run=run, points=POINTS, start=end * 0.5, end=end * 0.51)
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        runs = timed(url, pid, "runs")
+        runs_peak = memory_mb(pid)["VmHWM"] - idle
     return {"logdir": logdir, "mode": mode, "event_mb": round(size / 2**20, 1), "steps": body["steps"]["total"],
             "cold_cpu_s": round(cpu, 3), "cold_wall_s": round(wall, 3), "idle_mb": idle,
             "peak_above_idle_mb": round(memory["VmHWM"] - idle, 1), "after_above_idle_mb": round(
                 memory["VmRSS"] - idle, 1),
             "cached_cpu_s": round(statistics.median(c for _, c in cached), 3),
-            "zoom_cpu_s": round(zoom[1], 3), "load": round(load, 2)}
+            "zoom_cpu_s": round(zoom[1], 3), "runs_cpu_s": round(runs[1], 3), "runs_peak_above_idle_mb": round(
+                runs_peak, 1), "load": round(load, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,11 +43,12 @@ import numpy as np
 from tensorboard.compat.proto import types_pb2
 
 from rnnmon.format import packing, schema
-from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor
+from rnnmon.format.eventfile import EVENT_FILE_MARK, SCAN_BATCH_BYTES, RecordCursor
 
 ALL_SAMPLES = 10**9  # `downsample` that keeps everything the provider holds
 MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a few KiB in practice
 MAX_NOTES = 10  # notes listed per run; the rest are counted
+FEW_TAGS_BATCH_BYTES = 4 << 20  # a reader of a few tags (the tab's /runs) walks files in batches this small
 TAIL_GRACE_S = 10.0  # a file that ends inside a record for longer than this is truncated, not being written
 _SEVERITIES = ("info", "warning", "critical")
 _DT_STRING, _DT_DOUBLE = types_pb2.DT_STRING, types_pb2.DT_DOUBLE
@@ -150,6 +151,7 @@ class RunReader:
         self.run = run
         self._only = tags  # decode only these tags (None: all); from files, only records that name one of them
         self._marks = None if tags is None else tuple(tag.encode() for tag in tags)
+        self._batch_bytes = SCAN_BATCH_BYTES if tags is None else FEW_TAGS_BATCH_BYTES  # few records kept: small
         self._content: dict[str, dict[str, Any] | None] = {}  # tag -> its JSON content; None: not rnnmon's
         self._seen: dict[str, set[tuple[int, float]]] = {}  # per tag: provider datums decoded
         self._tables: dict[str, _Table] = {}
@@ -243,7 +245,7 @@ class RunReader:
             more = True
             while more:
                 try:
-                    scan = cursor.scan(os.path.join(run_dir, name))
+                    scan = cursor.scan(os.path.join(run_dir, name), self._batch_bytes)
                 except OSError as error:
                     self._error(f"{name}: cannot read: {error.strerror or error}")
                     break
