@@ -648,8 +648,8 @@ def _bisect(array: np.ndarray, field: str, value: float, side: str) -> int:
 
 
 def devices_in(path: str, max_bytes: int = 1 << 20) -> dict[int, dict[str, Any]]:
-    """The GPUs an event file describes (its util and stats tags' metadata: index, name, uuid, ...), from its first
-    `max_bytes`, where a writer describes each tag with its first value."""
+    """The GPUs an event file describes (its util and stats tags' metadata: index, name, uuid, ...), from the first
+    event within `max_bytes` that names any: a writer describes each tag with its first value, all GPUs in one."""
     from tensorboard.compat.proto import event_pb2
 
     found: dict[int, dict[str, Any]] = {}
@@ -666,6 +666,8 @@ def devices_in(path: str, max_bytes: int = 1 << 20) -> dict[int, dict[str, Any]]
                 described = schema.parse_content(value.metadata.plugin_data.content).get("device")
                 if isinstance(described, dict):
                     found.setdefault(device, described)
+        if found:  # a writer's first chunk holds every GPU's first value
+            return found
     return found
 
 

@@ -3,11 +3,12 @@
 `IndexedTimeline(run, run_dir, gpus).view(start, end, points)` answers as `TimelineIndex.view` does, reading:
 - a window whose chunks hold at most `RAW_ROWS` rows of a series (in at most `RAW_CHUNKS` chunks): those chunks
   from the event file, each checked against the index, then min/max bucketing as for a whole run: exact;
-- a longer one: the pyramid level with about `BLOCKS_PER_BUCKET` records per bucket (finer levels past its last
-  record, and the rows not in a record yet), whose extreme rows are the candidates of min/max bucketing. Every
-  candidate is a real row at its real time; a bucket's extreme is missed only where it sits, not being its
-  record's extreme, in a record that straddles the bucket's edge (a record is at most 1/`BLOCKS_PER_BUCKET` of a
-  bucket), so a one-sample spike or dip is drawn at every zoom. `total` is then the rows of the records read;
+- a longer one: the coarsest pyramid level with at least `RECORDS_PER_BUCKET` records per bucket (finer levels
+  past its last record, and the rows not in a record yet), whose extreme rows are the candidates of min/max
+  bucketing. Every candidate is a real row at its real time; a bucket's extreme is missed only where it sits, not
+  being its record's extreme, in a record that straddles the bucket's edge (then that record's own extremes are
+  drawn, at their times, in the bucket beside it), so a one-sample spike or dip is drawn at every zoom. `total` is
+  then the rows of the records read;
 - intervals (idle gaps, phases): listed one by one while their chunks hold at most `limit`, else binned: the
   covered seconds of each coverage record spread evenly over its span (exact for the rows not in a record yet).
 
@@ -31,7 +32,8 @@ from .downsample import IntervalCoverage, minmax_indices
 
 RAW_ROWS = 65536  # rows of a series read straight from its chunks for one window
 RAW_CHUNKS = 64  # chunks read for one series and window at most
-BLOCKS_PER_BUCKET = 4  # pyramid records per bucket the level is chosen for
+RECORDS_PER_BUCKET = 1  # a point series' level: the coarsest with at least this many records per bucket (1 to 16)
+COVERAGE_PER_BUCKET = 4  # an interval group's level: the same, for coverage records (spread over their span)
 PHASE_LIMIT = 100
 RETRIES = 3  # a window read again after the index disagreed with the data (each time without that index)
 
@@ -118,7 +120,7 @@ class IndexedTimeline:
                      if name == series]
             records: list[np.ndarray] = []
         else:
-            records, parts = self.index.records(series, lo, hi, BLOCKS_PER_BUCKET * max(1, points // (2 * columns)))
+            records, parts = self.index.records(series, lo, hi, RECORDS_PER_BUCKET * max(1, points // (2 * columns)))
         time = np.concatenate([np.empty(0), *(p[0] for p in parts), *(r["time"].ravel() for r in records)])
         key = np.concatenate([np.empty(0), *(p[1] for p in parts), *(r["key"].ravel() for r in records)])
         values = np.concatenate([np.empty((0, columns), dtype=np.float32), *(p[2] for p in parts),
@@ -165,7 +167,7 @@ class IndexedTimeline:
                                       for name, p in series_of(_table_tag(group), fi.read(entry, group))
                                       if name == group]
             else:
-                records, rests = self.index.records(group, lo, hi, BLOCKS_PER_BUCKET * limit)
+                records, rests = self.index.records(group, lo, hi, COVERAGE_PER_BUCKET * limit)
             covered = np.zeros(limit + 1)
             for chosen in records:
                 covered += _spread(chosen, edges)
