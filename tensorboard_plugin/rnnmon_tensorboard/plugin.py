@@ -336,7 +336,10 @@ class RnnmonPlugin(base_plugin.TBPlugin):
 
     def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
         """`rnnmon.analysis.summary.summarize` for `run`, with the verdict in words and its advice."""
-        return self._derived(ctx, experiment, run, "summary", self._summary)
+        run_dir = self._run_dir(run)
+        indexed = run_dir is not None and self._drawn_from_index(LocalRuns.version(run_dir))
+        return self._derived(ctx, experiment, run, "summary", self._summary,
+                             ("summary",) if indexed else DERIVED)  # its timeline comes from its index
 
     def _timeline(self, cached: _CachedRun) -> TimelineIndex:
         """The index of this version: the previous version's, extended by the new rows, where that works."""
@@ -414,14 +417,16 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             raise RequestRefused(409, str(error)) from None
 
     # --- helpers -----------------------------------------------------------------------------------------
-    def _derived(self, ctx: Any, experiment: str, run: str, name: str, build: Callable[[_CachedRun], Any]) -> Any:
-        """`build(cached)` for the run's current data, built once per version of it (see `_CachedRun`)."""
+    def _derived(self, ctx: Any, experiment: str, run: str, name: str, build: Callable[[_CachedRun], Any],
+                 needed: tuple[str, ...] = DERIVED) -> Any:
+        """`build(cached)` for the run's current data, built once per version of it (see `_CachedRun`); the run's
+        tables are dropped once everything `needed` is built."""
         cached = self._read(ctx, experiment, run)
         with cached.lock:
             if name not in cached.derived:
                 cached.derived[name] = build(cached)
                 cached.nbytes += array_bytes(cached.derived[name])
-                if len(cached.derived) == len(DERIVED):
+                if set(needed) <= set(cached.derived):
                     cached.data = RunData(run)  # the tables were only needed to build these
             built = cached.derived[name]
         self._trim()

@@ -80,6 +80,13 @@ def test_runs_together_over_the_budget_keep_the_most_recently_asked(logdir):
         assert plugin.cached_bytes() <= one + one // 2
 
 
+def test_a_summary_of_a_run_drawn_from_its_index_keeps_no_tables(logdir):
+    ctx = context.RequestContext()
+    plugin = _plugin(logdir, index_from_bytes=0)
+    assert plugin.summary_impl(ctx, "", "indexed/rnnmon")["steps"] == CHUNKS * PER_CHUNK
+    assert len(plugin._cache[("", "indexed/rnnmon")].data.steps) == 0  # was: kept, uncounted, until evicted
+
+
 def _get(url: str) -> tuple[int, object]:
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
