@@ -1,7 +1,8 @@
 """Cold `/timeline` of one long run in a fresh `tensorboard --logdir` (default flags), drawn from its reading index
 and read whole, side by side: the TensorBoard Python process's CPU seconds and wall seconds for the first request,
 its resident memory when idle and the peak during that request (VmHWM reset before it through
-/proc/PID/clear_refs), then a cached request, a zoom to 1% of the run, and the first `/runs` (CPU, peak).
+/proc/PID/clear_refs), then a cached request, a zoom to 1% of the run, the first `/runs` (CPU, peak), and with
+`--summary` the first `/summary` (which still reads the run whole).
 
 Each LOGDIR holds one run (`rnnmon`, as benchmarks/synthetic_run.py writes it: LOGDIR/rnnmon). Modes: "default"
 (runs with 4 MiB of event files or more are drawn from their index, shorter ones read whole); "index" (every run
@@ -31,7 +32,7 @@ FLAGS = {"default": [], "index": ["--rnnmon_index_from_bytes=0"],
          "whole": ["--rnnmon_index_from_bytes=1000000000000000"]}
 
 
-def measure(logdir: str, mode: str) -> dict[str, object]:
+def measure(logdir: str, mode: str, with_summary: bool) -> dict[str, object]:
     run = "rnnmon"
     size = sum(entry.stat().st_size for entry in os.scandir(os.path.join(logdir, run)) if "tfevents" in entry.name)
     with tensorboard(logdir, *FLAGS[mode]) as (url, pid):
@@ -56,23 +57,28 @@ def measure(logdir: str, mode: str) -> dict[str, object]:
             f.write("5")
         runs = timed(url, pid, "runs")
         runs_peak = memory_mb(pid)["VmHWM"] - idle
+        summary = timed(url, pid, "summary", run=run) if with_summary else (0.0, 0.0, None)
+        summary_memory = memory_mb(pid)
     return {"logdir": logdir, "mode": mode, "event_mb": round(size / 2**20, 1), "steps": body["steps"]["total"],
             "cold_cpu_s": round(cpu, 3), "cold_wall_s": round(wall, 3), "idle_mb": idle,
             "peak_above_idle_mb": round(memory["VmHWM"] - idle, 1), "after_above_idle_mb": round(
                 memory["VmRSS"] - idle, 1),
             "cached_cpu_s": round(statistics.median(c for _, c in cached), 3),
             "zoom_cpu_s": round(zoom[1], 3), "runs_cpu_s": round(runs[1], 3), "runs_peak_above_idle_mb": round(
-                runs_peak, 1), "load": round(load, 2)}
+                runs_peak, 1), "summary_cpu_s": round(summary[1], 3),
+            "peak_above_idle_after_summary_mb": round(summary_memory["VmHWM"] - idle, 1),
+            "after_summary_above_idle_mb": round(summary_memory["VmRSS"] - idle, 1), "load": round(load, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logdirs", nargs="+")
     parser.add_argument("--modes", nargs="+", choices=sorted(FLAGS), default=["index", "whole"])
+    parser.add_argument("--summary", action="store_true", help="then /summary (reads the run whole)")
     args = parser.parse_args(argv)
     for logdir in args.logdirs:
         for mode in args.modes:
-            print(json.dumps(measure(logdir, mode)), flush=True)
+            print(json.dumps(measure(logdir, mode, args.summary)), flush=True)
     return 0
 
 
