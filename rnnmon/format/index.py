@@ -34,6 +34,7 @@ import dataclasses
 import logging
 import os
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -42,6 +43,7 @@ import numpy as np
 
 from rnnmon.format import packing, schema
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
+from rnnmon.format.reader import TAIL_GRACE_S, InvalidRecord, decode_chunks, raw_value
 
 LOG = logging.getLogger("rnnmon")
 INDEX_DIR = "rnnmon-index"
@@ -424,7 +426,7 @@ class FileIndex:
         self.disk = Part()
         self.memory = Part()
         self.notes: list[str] = []
-        self.errors: list[str] = []
+        self._errors: dict[str, None] = {}  # in the order found, each once
         self._trust_disk = True
         self._disk_version: tuple[tuple[str, int], ...] | None = None
         self._cursor = RecordCursor(0)
@@ -523,19 +525,20 @@ class FileIndex:
         from google.protobuf.message import DecodeError
         from tensorboard.compat.proto import event_pb2
 
-        from rnnmon.format.reader import decode_chunks
-
         grew, more = False, True
         while more:
             start = self._cursor.offset
             try:
                 scan = self._cursor.scan(self.path, SCAN_BYTES)
             except OSError as error:
-                self.errors.append(f"{os.path.basename(self.path)}: cannot read: {error.strerror or error}")
+                self._errors[f"{os.path.basename(self.path)}: cannot read: {error.strerror or error}"] = None
                 return
             more = scan.more
             if scan.problem:
-                self.errors.append(f"{os.path.basename(self.path)}: {scan.problem}")
+                self._errors[f"{os.path.basename(self.path)}: {scan.problem}"] = None
+            if scan.truncated and time.time() - scan.modified > TAIL_GRACE_S:
+                self._errors[f"{os.path.basename(self.path)}: truncated: the file ends inside the record at byte "
+                             f"{scan.offset}"] = None
             position = start
             staged: dict[str, list[tuple[int, int, int, Any]]] = {}
             for record in scan.records:
@@ -553,12 +556,17 @@ class FileIndex:
                         staged.setdefault(value.tag, []).append((event.step, *where, value.tensor))
             for tag, chunks in staged.items():
                 rows, counts, kept, failed = decode_chunks(tag, [tensor for *_, tensor in chunks])
-                self.errors += [f"{tag} at step {chunks[i][0]}: {error}" for i, error in failed]
+                self._errors.update(dict.fromkeys(f"{tag} at step {chunks[i][0]}: {error}" for i, error in failed))
                 self._builder.add_many(tag, rows, counts, *([chunks[i][n] for i in kept] for n in range(3)))
                 grew = True
         if grew:
             self.memory = Part(self._sink.arrays(), {
                 name: pyramid.pending for name, pyramid in self._builder.series.items()})
+
+    @property
+    def errors(self) -> list[str]:
+        """Damage found in the event bytes this reader read (as `RunReader` names it)."""
+        return list(self._errors)
 
     def parts(self) -> list[Part]:
         return [self.disk, self.memory]
@@ -595,8 +603,6 @@ def read_chunk(path: str, entry: np.void, tag: str) -> np.ndarray:
     """The rows of `tag` in the event `entry` names, checked: framing, both checksums, event step, the tag."""
     from google.protobuf.message import DecodeError
     from tensorboard.compat.proto import event_pb2
-
-    from rnnmon.format.reader import InvalidRecord, raw_value
 
     offset, length, step = int(entry["offset"]), int(entry["length"]), int(entry["step"])
     if length < 16:
@@ -678,12 +684,15 @@ class RunIndex:
         self.run_dir = run_dir
         self.files: dict[str, FileIndex] = {}
         self.devices: dict[int, dict[str, Any]] = {}
+        self._unlisted: str | None = None
 
     def refresh(self) -> None:
         try:
             names = sorted(n for n in os.listdir(self.run_dir) if EVENT_FILE_MARK in n)
+            self._unlisted = None
         except OSError as error:
-            raise IndexMismatch(f"cannot list {self.run_dir}: {error.strerror or error}") from None
+            self._unlisted = f"cannot list {self.run_dir}: {error.strerror or error}"
+            return
         for name in names:
             index = self.files.get(name)
             if index is None:
@@ -698,7 +707,8 @@ class RunIndex:
 
     @property
     def errors(self) -> list[str]:
-        return list(dict.fromkeys(error for index in self.files.values() for error in index.errors))
+        found = [error for index in self.files.values() for error in index.errors]
+        return [self._unlisted, *found] if self._unlisted else found
 
     def nbytes(self) -> int:
         """Bytes held in memory (mapped index files are the page cache's, not counted)."""

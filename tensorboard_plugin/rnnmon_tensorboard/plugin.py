@@ -304,15 +304,17 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         if run_dir is not None:
             version = LocalRuns.version(run_dir)
             if self._drawn_from_index(version):
-                return self._from_index(ctx, experiment, run, run_dir, version).view(start, end, points)
+                return self._from_index(ctx, experiment, run, run_dir, version, (start, end, points))
         return self._derived(ctx, experiment, run, "timeline", self._timeline).view(start, end, points)
 
     def _drawn_from_index(self, version: Any) -> bool:
         return sum(size for _, size, _ in version) >= self._index_from_bytes
 
-    def _from_index(self, ctx: Any, experiment: str, run: str, run_dir: str, version: Any) -> IndexedTimeline:
-        """The run's indexed timeline, taking in what was written since its last version; its memory counts
-        in the cache's budget like every cached index."""
+    def _from_index(self, ctx: Any, experiment: str, run: str, run_dir: str, version: Any,
+                    window: tuple[float | None, float | None, int]) -> dict[str, Any]:
+        """The run's timeline over `window` (start, end, points) from its index, which first takes in what was
+        written since its last version (one request at a time per run); its memory counts in the cache's budget
+        like every cached index."""
         listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME,
                                                    run_tag_filter=tb_provider.RunTagFilter(runs=[run]))
         if not listing.get(run):
@@ -329,10 +331,12 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 entry.timeline.refresh()
                 entry.version, entry.nbytes = version, entry.timeline.nbytes()
             problems = entry.timeline.errors
+            answer = None if problems else entry.timeline.view(*window)
+            entry.nbytes = entry.timeline.nbytes()  # a disagreement found while viewing indexes the file in memory
         self._trim()
-        if problems:
+        if answer is None:
             raise RunDataError(_unreadable(run, problems))
-        return entry.timeline
+        return answer
 
     def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
         """`rnnmon.analysis.summary.summarize` for `run`, with the verdict in words and its advice."""

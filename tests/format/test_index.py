@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -96,13 +97,30 @@ def test_a_run_without_an_index_gets_one_built_in_memory_on_first_read(written, 
 
 def test_an_index_naming_more_than_the_event_file_holds_is_set_aside_and_noted(written, tmp_path):
     run_dir = _copy(written, tmp_path)
-    (path,) = glob.glob(os.path.join(run_dir, "*tfevents*"))
-    with open(path, "r+b") as f:  # the event file lost its end; the index still names it
-        f.truncate(os.path.getsize(path) * 3 // 4)
+    _cut_at_a_record(run_dir)  # the event file lost its end; the index still names it
     timeline = _indexed(run_dir)
     assert len(timeline.notes) == 1 and "disagrees with the data" in timeline.notes[0]
     drawn, whole = timeline.view(None, None, 1280), _whole(run_dir)
     assert drawn["steps"]["total"] == whole["steps"]["total"] < CHUNKS * PER_CHUNK - 1  # the data wins
+
+
+def _cut_at_a_record(run_dir: str) -> None:
+    """Cut the run's event file at the record that holds its 75th steps chunk: whole records are left."""
+    (path,) = glob.glob(os.path.join(run_dir, "*tfevents*"))
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    os.truncate(path, int(np.fromfile(os.path.join(folder, "dir.steps"), dtype=index.DIRECTORY)[75]["offset"]))
+
+
+def test_an_event_file_cut_inside_a_record_is_truncated_after_the_grace_time(written, tmp_path):
+    run_dir = _copy(written, tmp_path)
+    (path,) = glob.glob(os.path.join(run_dir, "*tfevents*"))
+    os.truncate(path, os.path.getsize(path) - 5)
+    timeline = _indexed(run_dir)
+    assert not timeline.errors  # a live writer's half-written record, for all it knows
+    then = time.time() - 60
+    os.utime(path, (then, then))
+    timeline = _indexed(run_dir)
+    assert len(timeline.errors) == 1 and "truncated" in timeline.errors[0]
 
 
 def test_an_index_record_that_fails_its_checksum_is_set_aside_and_noted(written, tmp_path):

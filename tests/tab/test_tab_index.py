@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 from rnnmon_tensorboard.plugin import RnnmonPlugin
 from synthetic_runs import write_gpu_run
@@ -36,7 +37,8 @@ def logdir(tmp_path_factory):
     shutil.copytree(root / "old", root / "old2")
     shutil.copytree(root / "indexed", root / "cut")  # its event file lost its end; its index still names it
     (path,) = glob.glob(str(root / "cut" / "rnnmon" / "*tfevents*"))
-    os.truncate(path, os.path.getsize(path) * 3 // 4)
+    (folder,) = glob.glob(str(root / "cut" / "rnnmon" / index.INDEX_DIR / "*"))
+    os.truncate(path, int(np.fromfile(os.path.join(folder, "dir.steps"), dtype=index.DIRECTORY)[75]["offset"]))
     return str(root)
 
 
