@@ -32,7 +32,9 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
+import mmap
 import os
+import re
 import struct
 import time
 import zlib
@@ -148,14 +150,12 @@ def _series_rows(tag: str, rows: np.ndarray) -> Iterator[tuple[str, tuple[np.nda
             yield name, (rows[used, 1], rows[used, 2]), used
 
 
-def _spans(series: str, parts: tuple[np.ndarray, ...], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per run of rows beginning at `starts`: the first and last time of a series' rows (steps end with their last
-    step's end, intervals with their latest end)."""
-    if len(parts) == 2:
-        return np.minimum.reduceat(parts[0], starts), np.maximum.reduceat(parts[1], starts)
-    time, _, values = parts
-    last = time + np.nan_to_num(values[:, :2]).sum(axis=1) / 1e3 if series == "steps" else time
-    return np.minimum.reduceat(time, starts), np.maximum.reduceat(last, starts)
+def _spans(tag: str, rows: np.ndarray, used: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per run of the rows `used` beginning at `starts`: their first and last time (a step from its begin to its
+    end, an interval from its start to its end, a sample at its time)."""
+    first, last = ((_S["begin"], _S["end"]) if tag == schema.STEPS_TAG
+                   else (1, 2) if tag in (schema.GAPS_TAG, schema.PHASES_TAG) else (0, 0))
+    return np.minimum.reduceat(rows[used, first], starts), np.maximum.reduceat(rows[used, last], starts)
 
 
 # --- pyramids ----------------------------------------------------------------------------------------------
@@ -282,6 +282,8 @@ class IndexBuilder:
             return
         chunk = np.repeat(np.arange(len(counts)), counts)
         for name, parts, used in _series_rows(tag, rows):
+            if name == "steps":  # the directory spans each fit's warm-up step too, as a run's extent does
+                used = np.arange(len(rows))
             if not len(used):
                 continue
             ids = chunk[used]
@@ -290,7 +292,7 @@ class IndexBuilder:
             entries = np.zeros(len(starts), dtype=DIRECTORY)
             entries["offset"], entries["length"] = np.asarray(offsets)[which], np.asarray(lengths)[which]
             entries["step"], entries["rows"] = np.asarray(steps)[which], np.diff(np.r_[starts, len(ids)])
-            entries["t_first"], entries["t_last"] = _spans(name, parts, starts)
+            entries["t_first"], entries["t_last"] = _spans(tag, rows, used, starts)
             self._sink(_dir_name(name), seal(entries))
             pyramid = self.series.get(name)
             if pyramid is None:
@@ -322,13 +324,17 @@ class IndexWriter:
         """Stage a chunk of a drawn tag, as readers will decode it (`packed`: its packed bytes, or None where it is
         stored as float64); one a reader would refuse (wrong width, a non-finite time) is left out, as readers leave
         it out."""
-        if not drawn(tag):
+        if self.abandoned or not drawn(tag):
             return
-        if packed is not None:
-            rows = packing.decode(tag, packed)
+        try:
+            if packed is not None:
+                rows = packing.decode(tag, packed)
+        except packing.FormatError as error:  # never: it was just packed; the index must not stop the writer
+            self.abandon(f"a chunk it cannot decode: {error}")
+            return
         columns = schema.columns_for(tag)
-        if (self.abandoned or not drawn(tag) or rows.ndim != 2 or not len(rows) or columns is None
-                or rows.shape[1] != len(columns) or not np.isfinite(rows[:, _times(tag)]).all()):
+        if (rows.ndim != 2 or not len(rows) or columns is None or rows.shape[1] != len(columns)
+                or not np.isfinite(rows[:, _times(tag)]).all()):
             return
         self._staged.append((tag, rows, step))
 
@@ -349,7 +355,8 @@ class IndexWriter:
         self._where.clear()
         try:
             os.makedirs(self.folder, exist_ok=True)
-            for name, parts in self._buffers.items():
+            # `dir.*` first: should a later file fail, readers read from the chunks what its records lack
+            for name, parts in sorted(self._buffers.items()):
                 self._append(name, b"".join(parts))
         except OSError as error:
             self.abandon(f"cannot write it ({error.strerror or error})")
@@ -390,6 +397,7 @@ class Part:
 
     arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     rest: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
+    mapped: frozenset[str] = frozenset()  # arrays mapped from the index files: the page cache's, not memory held
 
     def levels(self, series: str) -> list[np.ndarray]:
         out = []
@@ -398,7 +406,7 @@ class Part:
         return out
 
     def nbytes(self, memory_only: bool) -> int:
-        held = [a for a in self.arrays.values() if not (memory_only and isinstance(a, np.memmap))]
+        held = [a for name, a in self.arrays.items() if not (memory_only and name in self.mapped)]
         return sum(a.nbytes for a in held) + sum(x.nbytes for parts in self.rest.values() for x in parts)
 
 
@@ -445,9 +453,11 @@ class FileIndex:
         self._scan_rest()
 
     def _version(self) -> tuple[tuple[str, int], ...]:
+        """(name, size) of the index's files: regular files named as the index names them, nothing else."""
         try:
             with os.scandir(self.folder) as entries:
-                return tuple(sorted((e.name, e.stat().st_size) for e in entries))
+                return tuple(sorted((e.name, e.stat().st_size) for e in entries
+                                    if _INDEX_FILE.fullmatch(e.name) and e.is_file()))
         except OSError:
             return ()
 
@@ -478,8 +488,7 @@ class FileIndex:
         for name, size in self._disk_version or ():
             count = size // dtype_of(name).itemsize
             if count:
-                arrays[name] = np.memmap(os.path.join(self.folder, name), dtype=dtype_of(name), mode="r",
-                                         shape=(count,))
+                arrays[name] = _mapped(os.path.join(self.folder, name), dtype_of(name), count)
         end = 0
         for name, array in arrays.items():
             if not intact(array[-1:]) or not intact(array[:1]):
@@ -495,7 +504,7 @@ class FileIndex:
         for name, array in arrays.items():  # the last chunk of each series is where the index says, as it says
             if name.startswith("dir."):
                 read_chunk(self.path, array[-1], _tag_of(name[4:]))
-        part = Part(arrays)
+        part = Part(arrays, mapped=frozenset(arrays))
         for name in arrays:
             if name.startswith("dir."):
                 part.rest[name[4:]] = self._rest_of(part, name[4:])
@@ -577,6 +586,26 @@ class FileIndex:
             return read_chunk(self.path, entry, _tag_of(series))
         except IndexMismatch as error:
             raise self.damaged(str(error)) from None
+
+
+_INDEX_FILE = re.compile(r"dir\.(steps|util\d+|sm\d+|gaps\.d-?\d+\.c\d+|phases\.k\d+)"
+                         r"|(steps|util\d+|sm\d+|gaps\.d-?\d+\.c\d+|phases\.k\d+)\.L\d+")
+
+
+def _mapped(path: str, dtype: np.dtype, count: int) -> np.ndarray:
+    """The first `count` records of the index file at `path`, mapped read-only; a FIFO, a device or a file cut
+    below them is a disagreement (IndexMismatch), never a hang."""
+    try:
+        fd = open_regular(path)
+    except OSError as error:
+        raise IndexMismatch(f"cannot read {os.path.basename(path)}: {error.strerror or error}") from None
+    try:
+        if os.fstat(fd).st_size < count * dtype.itemsize:
+            raise IndexMismatch(f"{os.path.basename(path)} was cut")
+        mapped = mmap.mmap(fd, count * dtype.itemsize, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    return np.frombuffer(mapped, dtype=dtype, count=count)
 
 
 _MARKS = tuple(tag.encode() for tag in (schema.STEPS_TAG, schema.PHASES_TAG, schema.GAPS_TAG, schema.UTIL_TAG_PREFIX,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import subprocess
 import time
 
 import numpy as np
@@ -180,3 +181,69 @@ def test_a_live_run_is_drawn_from_its_index_and_the_bytes_written_since(tmp_path
     timeline.refresh()
     assert timeline.view(None, None, 1280)["steps"]["step"][-1] == 130
     writer.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 512 KiB tmpfs (root only)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_leaves_whole_index_records_and_the_data_wins(small_disk, caplog):
+    run_dir = str(small_disk / "full" / "rnnmon")
+    writer = SummaryWriter(run_dir)
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "running", "start": 1000.0})
+    step, refused = 1, 0
+    while refused < 3:  # until the disk refused the events, or the index, a few times
+        writer.table(schema.STEPS_TAG, [(s, 0, 1000.0 + 0.02 * s, 1000.0 + 0.02 * s + 0.015, 3.0 + s % 7,
+                                         np.nan if s == 1 else 5.0, 1) for s in range(step, step + 100)])
+        step += 100
+        written = writer.flush()
+        refused += not written or any("reading index" in r.getMessage() for r in caplog.records)
+    writer.close()
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    for name in os.listdir(folder):
+        records = np.fromfile(os.path.join(folder, name), dtype=index.dtype_of(name))
+        assert os.path.getsize(os.path.join(folder, name)) == records.nbytes and index.intact(records)
+    drawn = _indexed(run_dir).view(None, None, 1280)["steps"]
+    assert drawn["total"] == _whole(run_dir)["steps"]["total"] > 0
+
+
+def test_an_index_file_that_cannot_be_written_stops_the_index_and_the_rest_is_read_from_the_events(tmp_path, caplog):
+    run_dir = str(tmp_path / "blocked" / "rnnmon")
+    writer = SummaryWriter(run_dir)
+    (path,) = glob.glob(os.path.join(run_dir, "*tfevents*"))
+    os.makedirs(os.path.join(index.index_folder(path), "steps.L0"))  # a folder where the index's file belongs
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "running", "start": 1000.0})
+    for first in range(1, 1001, 100):
+        writer.table(schema.STEPS_TAG, [(s, 0, 1000.0 + 0.02 * s, 1000.0 + 0.02 * s + 0.015, 3.0 + s % 7,
+                                         np.nan if s == 1 else 5.0, 1) for s in range(first, first + 100)])
+        assert writer.flush()  # the events are written; only the index stops
+    writer.close()
+    stopped = [r.getMessage() for r in caplog.records if "reading index" in r.getMessage()]
+    assert len(stopped) == 1 and "cannot write it" in stopped[0]
+    timeline = _indexed(run_dir)
+    assert timeline.view(None, None, 1280)["steps"] == _whole(run_dir)["steps"]
+    assert timeline.view(None, None, 1280)["steps"]["total"] == 999 and not timeline.notes
+
+
+def test_a_fifo_and_strangers_in_the_index_folder_are_never_opened(written, tmp_path):
+    run_dir = _copy(written, tmp_path)
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    os.mkfifo(os.path.join(folder, "steps.L5"))  # opened blocking, this would hang the reader
+    os.symlink("/dev/zero", os.path.join(folder, "util0.L3"))
+    with open(os.path.join(folder, "notes.txt"), "w") as f:
+        f.write("not an index file\n" * 30)  # long enough for records, were it read as one
+    timeline = _indexed(run_dir)
+    assert timeline.view(None, None, 1280) == _indexed(written).view(None, None, 1280)
+    assert not timeline.notes and not timeline.errors
