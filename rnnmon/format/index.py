@@ -305,8 +305,8 @@ class IndexBuilder:
 class IndexWriter:
     """The index of one event file, written by the writer thread after each flush that wrote the file.
 
-    `table` stages a chunk, `located` says where its event went, `flush(ok)` writes what was staged once the
-    event file holds it. A failed write (or an event file that dropped records or was recreated) abandons the
+    `table` stages a chunk, `located` says where its event went, `flush` writes what was staged once the event
+    file holds it. A failed write (or an event file that dropped records or was recreated) abandons the
     index: cut back to its last whole records; readers read the rest of the event file instead.
     """
 
@@ -342,9 +342,9 @@ class IndexWriter:
         if not self.abandoned:
             self._where[step] = (offset, length)
 
-    def flush(self, written: bool) -> None:
-        """Index the staged chunks once `written` (their events are in the file); else keep them staged."""
-        if self.abandoned or not written:
+    def flush(self) -> None:
+        """Index the staged chunks: called once their events are in the file."""
+        if self.abandoned:
             return
         staged, self._staged = self._staged, []
         for tag, rows, step in staged:

@@ -74,7 +74,7 @@ class SummaryWriter:
                 tensor_shape=tensor_shape_pb2.TensorShapeProto(
                     dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]),
                 tensor_content=array.tobytes())
-        self._index.table(tag, array, packed, self._add(tag, proto, lambda: tensor_metadata(tag, **extra)))
+        self._add(tag, proto, lambda: tensor_metadata(tag, **extra), rows=(array, packed))
 
     def json(self, tag: str, value: Any) -> None:
         """A JSON document (run description, findings, alerts) as a string tensor."""
@@ -102,7 +102,7 @@ class SummaryWriter:
                 self._index.abandon("the event file dropped records while the disk refused them")
             try:
                 self._file.flush()
-                self._index.flush(written=True)
+                self._index.flush()
             except OSError as error:
                 if not self._failing:
                     self._failing = True
@@ -151,10 +151,10 @@ class SummaryWriter:
         self._sequence = max(self._sequence + 1, int(time.time() * 1000))
         return self._sequence
 
-    def _add(self, tag: str, proto: tensor_pb2.TensorProto,
-             metadata: Callable[[], summary_pb2.SummaryMetadata], step: int | None = None) -> int:
-        """Add one value to the open event of its kind; a tag already in that event starts a new one. Returns the
-        event's step."""
+    def _add(self, tag: str, proto: tensor_pb2.TensorProto, metadata: Callable[[], summary_pb2.SummaryMetadata],
+             step: int | None = None, rows: tuple[np.ndarray, bytes | None] | None = None) -> None:
+        """Add one value to the open event of its kind; a tag already in that event starts a new one. A table's
+        `rows` (and its packed bytes) go to the index, staged with the event that holds them."""
         value = summary_pb2.Summary.Value(tag=tag, tensor=proto)
         with self._lock:  # the training thread and the background thread both write
             if tag not in self._metadata:
@@ -167,14 +167,14 @@ class SummaryWriter:
                     self._close_events(scalars=False)
                     self._tensors = event_pb2.Event(wall_time=time.time(), step=self._next_sequence())
                 self._tensors.summary.value.append(value)
-                return self._tensors.step
+                if rows is not None:
+                    self._index.table(tag, *rows, self._tensors.step)
             else:
                 if self._scalars is None or self._scalars.step != step or any(
                         v.tag == tag for v in self._scalars.summary.value):
                     self._close_events(tensors=False)
                     self._scalars = event_pb2.Event(wall_time=time.time(), step=step)
                 self._scalars.summary.value.append(value)
-                return step
 
     def _close_events(self, tensors: bool = True, scalars: bool = True) -> None:
         if tensors and self._tensors is not None:
