@@ -390,17 +390,22 @@ class EventFileAppender:
         self._pending_bytes = 0
         self.dropped = 0  # records dropped unwritten since the last successful flush
         self._file = self._open()
+        self.end = os.fstat(self._file.fileno()).st_size  # where the next record added will start, once written
 
     def _open(self) -> io.FileIO:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         return io.FileIO(self.path, "a")  # unbuffered: a failed write leaves nothing behind to write later
 
-    def add(self, record: bytes) -> None:
+    def add(self, record: bytes) -> int:
+        """Queue `record`; returns the offset it will have in the file (unless records are dropped first)."""
+        offset = self.end
+        self.end += len(record) + _HEADER.size + _FOOTER.size
         self._pending.append(record)
         self._pending_bytes += len(record)
         while self._pending_bytes > self._max_pending_bytes and len(self._pending) > 1:
             self._pending_bytes -= len(self._pending.popleft())
             self.dropped += 1
+        return offset
 
     def lost(self) -> bool:
         """The file was deleted (or its folder) since it was opened: what is written now would vanish."""
@@ -417,6 +422,7 @@ class EventFileAppender:
         self._pending.clear()
         self._pending_bytes = 0
         self._file = self._open()
+        self.end = os.fstat(self._file.fileno()).st_size
         return pending
 
     def flush(self) -> None:

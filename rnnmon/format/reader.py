@@ -49,11 +49,12 @@ import numpy as np
 from tensorboard.compat.proto import types_pb2
 
 from rnnmon.format import packing, schema
-from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor
+from rnnmon.format.eventfile import EVENT_FILE_MARK, SCAN_BATCH_BYTES, RecordCursor
 
 ALL_SAMPLES = 10**9  # `downsample` that keeps everything the provider holds
 MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a few KiB in practice
 MAX_NOTES = 10  # notes listed per run; the rest are counted
+FEW_TAGS_BATCH_BYTES = 4 << 20  # a reader of a few tags (the tab's /runs) walks files in batches this small
 TAIL_GRACE_S = 10.0  # a file that ends inside a record for longer than this is truncated, not being written
 _SEVERITIES = ("info", "warning", "critical")
 _DT_STRING, _DT_DOUBLE = types_pb2.DT_STRING, types_pb2.DT_DOUBLE
@@ -156,6 +157,7 @@ class RunReader:
         self.run = run
         self._only = tags  # decode only these tags (None: all); from files, only records that name one of them
         self._marks = None if tags is None else tuple(tag.encode() for tag in tags)
+        self._batch_bytes = SCAN_BATCH_BYTES if tags is None else FEW_TAGS_BATCH_BYTES  # few records kept: small
         self._content: dict[str, dict[str, Any] | None] = {}  # tag -> its JSON content; None: not rnnmon's
         self._stored: dict[str, _Stored] = {}  # tag -> how its values were written, from the latest content read
         self._notes: dict[str, None] = {}  # a newer writer's version and columns this reader does not know
@@ -251,7 +253,7 @@ class RunReader:
             more = True
             while more:
                 try:
-                    scan = cursor.scan(os.path.join(run_dir, name))
+                    scan = cursor.scan(os.path.join(run_dir, name), self._batch_bytes)
                 except OSError as error:
                     self._error(f"{name}: cannot read: {error.strerror or error}")
                     break
@@ -728,3 +730,52 @@ def _check_shape(item: Any) -> None:
 
 _DOCUMENT_CHECKS = {schema.FINDINGS_TAG: _check_finding, schema.ALERTS_TAG: _check_alert,
                     schema.SHAPES_TAG: _check_shape}
+
+
+
+def raw_value(tag: str, tensor: Any) -> np.ndarray:
+    """One table chunk of `tag` from its TensorProto, as float64 rows in version 1's columns, checked as
+    `RunReader` checks it (shape and size first, then the rows); InvalidRecord or packing.FormatError when it fails."""
+    rows, _, _, failed = decode_chunks(tag, [_raw_from_proto(tensor)])
+    if failed:
+        raise InvalidRecord(failed[0][1])
+    return rows
+
+
+def decode_chunks(tag: str, tensors: list[Any]) -> tuple[np.ndarray, list[int], list[int], list[tuple[int, str]]]:
+    """Table chunks of `tag` (TensorProtos, or what `_raw_from_proto` made of them) decoded and checked together, as
+    `RunReader` does: (their rows concatenated, row count and index of each chunk kept, (index, error) of each
+    refused)."""
+    width = _table_width(tag)
+    raws, failed = [], []
+    for index, tensor in enumerate(tensors):
+        try:
+            raw = tensor if isinstance(tensor, (bytes, np.ndarray)) else _raw_from_proto(tensor)
+            if not isinstance(raw, bytes) and raw.shape[1] != width:
+                raise InvalidRecord(f"expected rows of {width} columns, found shape {raw.shape}")
+            raws.append((index, raw))
+        except _INVALID as error:
+            failed.append((index, str(error)))
+    tables, kept = [], []
+    packed = [(index, raw) for index, raw in raws if isinstance(raw, bytes)]
+    if packed:
+        rows, decoded, errors = packing.decode_many(tag, [raw for _, raw in packed])
+        failed += [(packed[i][0], str(error)) for i, error in errors]
+        starts = np.cumsum([0, *(count for _, count in decoded)])
+        tables += [(packed[i][0], rows[starts[n]:starts[n + 1]]) for n, (i, _) in enumerate(decoded)]
+    tables += [(index, np.asarray(raw, dtype=np.float64)) for index, raw in raws if not isinstance(raw, bytes)]
+    tables.sort(key=lambda pair: pair[0])
+    good = []
+    try:
+        _check_rows(tag, np.concatenate([t for _, t in tables]) if tables else np.empty((0, width)))
+        good = tables
+    except InvalidRecord:  # rare: find the culprits chunk by chunk
+        for index, table in tables:
+            try:
+                _check_rows(tag, table)
+                good.append((index, table))
+            except InvalidRecord as error:
+                failed.append((index, str(error)))
+    kept = [index for index, _ in good]
+    rows = np.concatenate([t for _, t in good]) if good else np.empty((0, width))
+    return rows, [len(t) for _, t in good], kept, sorted(failed)

@@ -35,6 +35,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from rnnmon.format import packing, series
 from rnnmon.format.eventfile import EventFileAppender
+from rnnmon.format.index import IndexWriter
 from rnnmon.format.schema import FINDINGS_TAG, RUN_TAG, tensor_metadata
 
 LOG = logging.getLogger("rnnmon")
@@ -49,6 +50,7 @@ class SummaryWriter:
         self.format = fmt  # the declarations written: each table's columns, storage and layout
         self._file = EventFileAppender(run_dir)
         self._file.add(_header())
+        self._index = IndexWriter(self._file.path)  # the reading index beside the file (rnnmon.format.index)
         self._sequence = 0
         self._metadata: dict[str, summary_pb2.SummaryMetadata] = {}
         self._in_file: set[str] = set()  # tags whose metadata the current file already carries
@@ -75,7 +77,7 @@ class SummaryWriter:
                 tensor_shape=tensor_shape_pb2.TensorShapeProto(
                     dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]),
                 tensor_content=array.tobytes())
-        self._add(tag, proto, lambda: tensor_metadata(tag, self.format, **extra))
+        self._add(tag, proto, lambda: tensor_metadata(tag, self.format, **extra), rows=(array, packed))
 
     def json(self, tag: str, value: Any) -> None:
         """A JSON document (run description, findings, alerts) as a string tensor."""
@@ -99,8 +101,11 @@ class SummaryWriter:
             self._close_events()
             if self._file.lost():
                 self._recreate()
+            if self._file.dropped:
+                self._index.abandon("the event file dropped records while the disk refused them")
             try:
                 self._file.flush()
+                self._index.flush()
             except OSError as error:
                 if not self._failing:
                     self._failing = True
@@ -126,6 +131,7 @@ class SummaryWriter:
 
     def _recreate(self) -> None:
         LOG.warning("rnnmon: %s was deleted during the fit; recreating it (what it held is lost).", self.run_dir)
+        self._index.abandon("the run folder was recreated")
         pending = [event_pb2.Event.FromString(record) for record in self._file.reopen()]
         self._in_file.clear()
         self._file.add(_header())
@@ -148,9 +154,10 @@ class SummaryWriter:
         self._sequence = max(self._sequence + 1, int(time.time() * 1000))
         return self._sequence
 
-    def _add(self, tag: str, proto: tensor_pb2.TensorProto,
-             metadata: Callable[[], summary_pb2.SummaryMetadata], step: int | None = None) -> None:
-        """Add one value to the open event of its kind; a tag already in that event starts a new one."""
+    def _add(self, tag: str, proto: tensor_pb2.TensorProto, metadata: Callable[[], summary_pb2.SummaryMetadata],
+             step: int | None = None, rows: tuple[np.ndarray, bytes | None] | None = None) -> None:
+        """Add one value to the open event of its kind; a tag already in that event starts a new one. A table's
+        `rows` (and its packed bytes) go to the index, staged with the event that holds them."""
         value = summary_pb2.Summary.Value(tag=tag, tensor=proto)
         with self._lock:  # the training thread and the background thread both write
             if tag not in self._metadata:
@@ -163,6 +170,8 @@ class SummaryWriter:
                     self._close_events(scalars=False)
                     self._tensors = event_pb2.Event(wall_time=time.time(), step=self._next_sequence())
                 self._tensors.summary.value.append(value)
+                if rows is not None:
+                    self._index.table(tag, *rows, self._tensors.step)
             else:
                 if self._scalars is None or self._scalars.step != step or any(
                         v.tag == tag for v in self._scalars.summary.value):
@@ -172,7 +181,8 @@ class SummaryWriter:
 
     def _close_events(self, tensors: bool = True, scalars: bool = True) -> None:
         if tensors and self._tensors is not None:
-            self._file.add(self._tensors.SerializeToString())
+            record = self._tensors.SerializeToString()
+            self._index.located(self._tensors.step, self._file.add(record), len(record) + 16)
             self._tensors = None
         if scalars and self._scalars is not None:
             self._file.add(self._scalars.SerializeToString())

@@ -37,6 +37,12 @@ LOG = logging.getLogger(__name__)
 class RnnmonLoader(base_plugin.TBLoader):
     """The `tensorboard_plugins` entry point: keep all rnnmon samples, then build `RnnmonPlugin`."""
 
+    def define_flags(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument_group("rnnmon").add_argument(
+            "--rnnmon_index_from_bytes", type=int, default=None,
+            help="local runs with at least this many bytes of event files are drawn from their reading index "
+                 "(default 4 MiB, about 300k steps; 0: every run)")
+
     def fix_flags(self, flags: argparse.Namespace) -> None:
         samples = dict(getattr(flags, "samples_per_plugin", None) or {})
         if not reads_files(getattr(flags, "logdir", None)):  # the tab reads through the data provider
@@ -51,4 +57,5 @@ class RnnmonLoader(base_plugin.TBLoader):
         except ImportError as error:  # a broken install must not take TensorBoard down with it
             LOG.error("rnnmon: the TensorBoard tab is unavailable: %s", error)
             return None
-        return RnnmonPlugin(context)
+        threshold = getattr(context.flags, "rnnmon_index_from_bytes", None)
+        return RnnmonPlugin(context) if threshold is None else RnnmonPlugin(context, index_from_bytes=threshold)

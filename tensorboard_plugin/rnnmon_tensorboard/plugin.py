@@ -46,6 +46,7 @@ from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
 
+from .indexed_timeline import IndexedTimeline
 from .read_ahead import ReadAhead
 from .run_files import LocalRuns
 from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore
@@ -58,7 +59,8 @@ LIVE_WINDOW_S = 30.0  # a running run whose last write is older than this is sho
 DEFAULT_POINTS, MAX_POINTS = 1000, 20000
 CACHE_RUNS = 10
 CACHE_JOBS = 4  # multi-worker jobs whose workers' summaries /workers keeps
-CACHE_BYTES = 400 * 2**20  # what the cached indexes may hold: ~100 MB per 1M-step run with a gap at every step
+CACHE_BYTES = 64 * 2**20  # what the cached indexes and summaries may hold, all runs together, one run included
+INDEX_FROM_BYTES = 4 * 2**20  # runs with this much in event files (~300k steps) are drawn from their reading index
 DERIVED = ("timeline", "summary")  # what the routes build from a run's tables
 READ_AHEAD_RUNS = 3  # runs /runs reads ahead (local log directories): the tab's first, then the newest
 READ_AHEAD_BYTES = CACHE_BYTES // 2  # what their indexes may hold, estimated from their event files' size
@@ -89,6 +91,17 @@ class _CachedRun:
     nbytes: int = 0  # held in the arrays of `derived`
     live: _LiveRun | None = None  # while the run is running
     base: TimelineIndex | None = None  # an index of an earlier version of these tables, to extend
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+@dataclasses.dataclass
+class _Indexed:
+    """A run drawn from its reading index (`indexed_timeline`), the version of its files it last took in, and what
+    it holds in memory; `lock` is held while it reads."""
+
+    timeline: IndexedTimeline
+    version: Any = None
+    nbytes: int = 0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -135,9 +148,12 @@ class RnnmonPlugin(base_plugin.TBPlugin):
     plugin_name = schema.PLUGIN_NAME
 
     def __init__(self, context: base_plugin.TBContext, read_ahead_runs: int = READ_AHEAD_RUNS,
-                 read_ahead_bytes: int = READ_AHEAD_BYTES, live_window_s: float = LIVE_WINDOW_S) -> None:
+                 read_ahead_bytes: int = READ_AHEAD_BYTES, live_window_s: float = LIVE_WINDOW_S,
+                 cache_bytes: int = CACHE_BYTES, index_from_bytes: int = INDEX_FROM_BYTES) -> None:
         self._data_provider = context.data_provider
         self._cache: collections.OrderedDict[tuple[str, str], _CachedRun] = collections.OrderedDict()
+        self._indexed: collections.OrderedDict[tuple[str, str], _Indexed] = collections.OrderedDict()
+        self._cache_bytes, self._index_from_bytes = cache_bytes, index_from_bytes
         self._live: dict[tuple[str, str], _LiveRun] = {}  # running runs: decoded chunks, kept across versions
         self._lock = threading.Lock()
         self._local = LocalRuns.of(context.logdir)  # None: read through the data provider
@@ -229,6 +245,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             if self._local:  # from the files: nothing of them is expanded by the provider, and newer than its reload
                 info, problems, notes, written, file_bytes[run] = self._description(experiment, run)
                 last_write = max(last_write, written)
+                indexed = self._indexed.get((experiment, run))
+                notes = notes + (indexed.timeline.notes if indexed is not None else [])
             else:
                 info, error = _newest_json(described.get(run, {}).get(schema.RUN_TAG, []))
                 problems = [error] if error else []
@@ -261,10 +279,18 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         already or its index (`estimate_bytes`) would not fit beside the cached ones: it never evicts a run.
         True when it was read."""
         key = (experiment, run)
+        run_dir = self._run_dir(run)
+        if run_dir is not None and self._drawn_from_index(LocalRuns.version(run_dir)):
+            with self._lock:
+                if key in self._indexed:
+                    return False
+            with contextlib.suppress(RunDataError, errors.NotFoundError):
+                self.timeline_impl(ctx, experiment, run, None, None, DEFAULT_POINTS)
+            return True
         with self._lock:
             if key in self._cache or key in self._live:
                 return False
-            if len(self._cache) >= CACHE_RUNS or self._cached_bytes() + estimate_bytes > CACHE_BYTES:
+            if len(self._cache) >= CACHE_RUNS or self._cached_bytes() + estimate_bytes > self._cache_bytes:
                 return False
         with contextlib.suppress(RunDataError, errors.NotFoundError):  # its routes report that
             self._derived(ctx, experiment, run, "timeline", self._timeline)
@@ -274,11 +300,50 @@ class RnnmonPlugin(base_plugin.TBPlugin):
     def timeline_impl(self, ctx: Any, experiment: str, run: str, start: float | None, end: float | None,
                       points: int) -> dict[str, Any]:
         """`run`'s series over [start, end] (seconds since its origin), about `points` points per series."""
+        run_dir = self._run_dir(run)
+        if run_dir is not None:
+            version = LocalRuns.version(run_dir)
+            if self._drawn_from_index(version):
+                return self._from_index(ctx, experiment, run, run_dir, version, (start, end, points))
         return self._derived(ctx, experiment, run, "timeline", self._timeline).view(start, end, points)
+
+    def _drawn_from_index(self, version: Any) -> bool:
+        return sum(size for _, size, _ in version) >= self._index_from_bytes
+
+    def _from_index(self, ctx: Any, experiment: str, run: str, run_dir: str, version: Any,
+                    window: tuple[float | None, float | None, int]) -> dict[str, Any]:
+        """The run's timeline over `window` (start, end, points) from its index, which first takes in what was
+        written since its last version (one request at a time per run); its memory counts in the cache's budget
+        like every cached index."""
+        listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME,
+                                                   run_tag_filter=tb_provider.RunTagFilter(runs=[run]))
+        if not listing.get(run):
+            raise errors.NotFoundError(f"No rnnmon data for run {run!r}")
+        key = (experiment, run)
+        with self._lock:
+            entry = self._indexed.pop(key, None)
+        if entry is None:
+            entry = _Indexed(IndexedTimeline(run, run_dir))
+        with self._lock:
+            self._indexed[key] = entry  # the most recently asked last
+        with entry.lock:
+            if entry.version != version:
+                entry.timeline.refresh()
+                entry.version, entry.nbytes = version, entry.timeline.nbytes()
+            problems = entry.timeline.errors
+            answer = None if problems else entry.timeline.view(*window)
+            entry.nbytes = entry.timeline.nbytes()  # a disagreement found while viewing indexes the file in memory
+        self._trim()
+        if answer is None:
+            raise RunDataError(_unreadable(run, problems))
+        return answer
 
     def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
         """`rnnmon.analysis.summary.summarize` for `run`, with the verdict in words and its advice."""
-        return self._derived(ctx, experiment, run, "summary", self._summary)
+        run_dir = self._run_dir(run)
+        indexed = run_dir is not None and self._drawn_from_index(LocalRuns.version(run_dir))
+        return self._derived(ctx, experiment, run, "summary", self._summary,
+                             ("summary",) if indexed else DERIVED)  # its timeline comes from its index
 
     def _timeline(self, cached: _CachedRun) -> TimelineIndex:
         """The index of this version: the previous version's, extended by the new rows, where that works."""
@@ -356,16 +421,20 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             raise RequestRefused(409, str(error)) from None
 
     # --- helpers -----------------------------------------------------------------------------------------
-    def _derived(self, ctx: Any, experiment: str, run: str, name: str, build: Callable[[_CachedRun], Any]) -> Any:
-        """`build(cached)` for the run's current data, built once per version of it (see `_CachedRun`)."""
+    def _derived(self, ctx: Any, experiment: str, run: str, name: str, build: Callable[[_CachedRun], Any],
+                 needed: tuple[str, ...] = DERIVED) -> Any:
+        """`build(cached)` for the run's current data, built once per version of it (see `_CachedRun`); the run's
+        tables are dropped once everything `needed` is built."""
         cached = self._read(ctx, experiment, run)
         with cached.lock:
             if name not in cached.derived:
                 cached.derived[name] = build(cached)
                 cached.nbytes += array_bytes(cached.derived[name])
-                if len(cached.derived) == len(DERIVED):
+                if set(needed) <= set(cached.derived):
                     cached.data = RunData(run)  # the tables were only needed to build these
-            return cached.derived[name]
+            built = cached.derived[name]
+        self._trim()
+        return built
 
     def _read(self, ctx: Any, experiment: str, run: str) -> _CachedRun:
         """The run's cache entry, read again only when a tag has new samples; raises for unknown or unreadable runs."""
@@ -385,7 +454,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             if cached is None or cached.version != version:
                 cached = self._cache[key] = _CachedRun(version)
             self._cache.move_to_end(key)
-            while len(self._cache) > CACHE_RUNS or (len(self._cache) > 1 and self._cached_bytes() > CACHE_BYTES):
+            while len(self._cache) > CACHE_RUNS:
                 self._cache.popitem(last=False)  # the least recently used run
         with cached.lock:  # one reader per run and version; other requests for it wait for its result
             if cached.errors is None:
@@ -415,7 +484,19 @@ class RnnmonPlugin(base_plugin.TBPlugin):
 
     def _cached_bytes(self) -> int:
         """What the cached indexes and summaries hold (the caller holds `_lock`)."""
-        return sum(entry.nbytes for entry in self._cache.values())
+        return sum(entry.nbytes for entry in self._cache.values()) + sum(e.nbytes for e in self._indexed.values())
+
+    def cached_bytes(self) -> int:
+        """What the cache holds now: never more than its budget once a request is answered."""
+        with self._lock:
+            return self._cached_bytes()
+
+    def _trim(self) -> None:
+        """Evict the least recently used runs until the cache fits its budget; a run that alone is over it is
+        answered, then dropped (the budget is a bound, also for one run)."""
+        with self._lock:
+            while self._cached_bytes() > self._cache_bytes:
+                (self._cache if self._cache else self._indexed).popitem(last=False)
 
     def _description(self, experiment: str, run: str) -> tuple[dict[str, Any], list[str], list[str], float, int]:
         """A local run's newest description, its errors (the description's, and damage to its files), its notes

@@ -1,0 +1,249 @@
+"""The reading index (rnnmon.format.index) written by the real writer, read back, and distrusted where the data
+disagrees; /timeline drawn from it (rnnmon_tensorboard.indexed_timeline) against the whole-run timeline."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from rnnmon_tensorboard.indexed_timeline import IndexedTimeline
+from rnnmon_tensorboard.timeline import TimelineIndex
+
+from rnnmon.format import index, schema
+from rnnmon.format.reader import RunReader
+from rnnmon.format.writer import SummaryWriter
+from tests.synthetic_runs import write_gpu_run
+
+CHUNKS, PER_CHUNK = 100, 40  # 4000 steps in 100 chunks: past the chunks a window reads raw, so the pyramid draws
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("index") / "long" / "rnnmon")
+    write_gpu_run(run_dir, CHUNKS, steps_per_chunk=PER_CHUNK, dip_at=777)
+    return run_dir
+
+
+def _copy(written: str, tmp_path) -> str:
+    run_dir = str(tmp_path / "copy" / "rnnmon")
+    shutil.copytree(written, run_dir)
+    return run_dir
+
+
+def _whole(run_dir: str, start=None, end=None, points=1280) -> dict:
+    return TimelineIndex(RunReader("r").update_from_files(run_dir)).view(start, end, points)
+
+
+def _indexed(run_dir: str) -> IndexedTimeline:
+    timeline = IndexedTimeline("r", run_dir)
+    timeline.refresh()
+    return timeline
+
+
+def _rows(run_dir: str) -> dict[int, tuple[float, float, float]]:
+    """Every drawn step: number -> (input wait, compute, host gap) as the index stores them (float32)."""
+    steps = RunReader("r").update_from_files(run_dir).steps
+    ((_, (_, key, values)),) = index.series_of(schema.STEPS_TAG, steps)
+    return {int(k): tuple(v) for k, v in zip(key, values.tolist())}
+
+
+def test_the_writer_writes_an_index_beside_each_event_file_that_tensorboard_does_not_load(written):
+    folder = index.index_folder(glob.glob(os.path.join(written, "*tfevents*"))[0])
+    names = sorted(os.listdir(folder))
+    assert {"dir.steps", "steps.L0", "steps.L1", "util0.L0", "sm0.L0", "gaps.d0.c0.L0"} <= set(names)
+    assert not any(index.EVENT_FILE_MARK in name for root, _, files in os.walk(written) for name in files
+                   if root != written)
+    steps = np.fromfile(os.path.join(folder, "steps.L0"), dtype=index.point_dtype(3))
+    assert len(steps) == (CHUNKS * PER_CHUNK - 1) // index.BLOCK and index.intact(steps)
+
+
+def test_a_long_window_is_drawn_from_the_pyramid_with_every_extreme(written):
+    whole, drawn = _whole(written), _indexed(written).view(None, None, 1280)
+    assert drawn["origin"] == whole["origin"] and drawn["extent"] == whole["extent"]
+    assert drawn["gpus"][0]["name"] == whole["gpus"][0]["name"] == "Fake GPU <0>"
+    steps = drawn["steps"]
+    assert steps["downsampled"] and steps["total"] == whole["steps"]["total"] == CHUNKS * PER_CHUNK - 1
+    real = _rows(written)
+    for number, wait, compute, gap in zip(steps["step"], steps["input_wait_ms"], steps["compute_ms"],
+                                          steps["host_gap_ms"]):
+        assert real[number] == pytest.approx((wait, compute, gap), abs=1e-3)  # real rows, never averaged
+    for column in ("input_wait_ms", "compute_ms", "host_gap_ms"):
+        assert min(steps[column]) == min(whole["steps"][column]) and max(steps[column]) == max(whole["steps"][column])
+    util = drawn["gpus"][0]["util"]
+    assert 0.0 in util["value"] and util["total"] >= len(util["value"])  # the one-sample dip survives
+    assert drawn["gaps"]["total"] == whole["gaps"]["total"]
+
+
+def test_a_short_window_is_read_from_its_chunks_exactly(written):
+    drawn = _indexed(written).view(30.0, 34.0, 1280)
+    whole = _whole(written, 30.0, 34.0)
+    for part in ("steps", "gaps", "phases"):
+        assert drawn[part] == whole[part]
+    assert drawn["gpus"][0]["util"] == whole["gpus"][0]["util"]
+
+
+def test_a_run_without_an_index_gets_one_built_in_memory_on_first_read(written, tmp_path):
+    run_dir = _copy(written, tmp_path)
+    shutil.rmtree(os.path.join(run_dir, index.INDEX_DIR))  # as a run of format 1 or 2 has none
+    timeline = _indexed(run_dir)
+    assert timeline.nbytes() > 0 and not timeline.notes
+    assert timeline.view(None, None, 1280) == _indexed(written).view(None, None, 1280) | {"notes": []}
+    assert timeline.view(30.0, 34.0, 1280)["steps"] == _whole(run_dir, 30.0, 34.0)["steps"]
+
+
+def test_an_index_naming_more_than_the_event_file_holds_is_set_aside_and_noted(written, tmp_path):
+    run_dir = _copy(written, tmp_path)
+    _cut_at_a_record(run_dir)  # the event file lost its end; the index still names it
+    timeline = _indexed(run_dir)
+    assert len(timeline.notes) == 1 and "disagrees with the data" in timeline.notes[0]
+    drawn, whole = timeline.view(None, None, 1280), _whole(run_dir)
+    assert drawn["steps"]["total"] == whole["steps"]["total"] < CHUNKS * PER_CHUNK - 1  # the data wins
+
+
+def _cut_at_a_record(run_dir: str) -> None:
+    """Cut the run's event file at the record that holds its 75th steps chunk: whole records are left."""
+    (path,) = glob.glob(os.path.join(run_dir, "*tfevents*"))
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    os.truncate(path, int(np.fromfile(os.path.join(folder, "dir.steps"), dtype=index.DIRECTORY)[75]["offset"]))
+
+
+def test_an_event_file_cut_inside_a_record_is_truncated_after_the_grace_time(written, tmp_path):
+    run_dir = _copy(written, tmp_path)
+    (path,) = glob.glob(os.path.join(run_dir, "*tfevents*"))
+    os.truncate(path, os.path.getsize(path) - 5)
+    timeline = _indexed(run_dir)
+    assert not timeline.errors  # a live writer's half-written record, for all it knows
+    then = time.time() - 60
+    os.utime(path, (then, then))
+    timeline = _indexed(run_dir)
+    assert len(timeline.errors) == 1 and "truncated" in timeline.errors[0]
+
+
+def test_an_index_record_that_fails_its_checksum_is_set_aside_and_noted(written, tmp_path):
+    run_dir = _copy(written, tmp_path)
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    path = os.path.join(folder, "steps.L0")
+    with open(path, "r+b") as f:  # a record in the middle: found only when read
+        f.seek(index.point_dtype(3).itemsize * 3 + 20)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    timeline = _indexed(run_dir)
+    drawn = timeline.view(None, None, 1280)
+    assert any("checksum" in note for note in timeline.notes)
+    assert drawn["steps"] == _indexed(written).view(None, None, 1280)["steps"]
+
+
+def test_an_event_that_is_not_where_the_index_says_is_set_aside_and_noted(written, tmp_path):
+    run_dir = _copy(written, tmp_path)
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    path = os.path.join(folder, "dir.steps")
+    entries = np.fromfile(path, dtype=index.DIRECTORY)
+    entries[40]["offset"] += 8  # a chunk in a window the tab reads raw
+    index.seal(entries).tofile(path)
+    timeline = _indexed(run_dir)
+    start = float(entries[40]["t_first"]) - timeline.index.extent()[0]
+    drawn = timeline.view(start, start + 1.0, 1280)
+    assert any("disagrees with the data" in note for note in timeline.notes)
+    assert drawn["steps"] == _whole(run_dir, start, start + 1.0)["steps"]
+
+
+def test_a_torn_index_tail_is_dropped_without_a_note(written, tmp_path):
+    run_dir = _copy(written, tmp_path)
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    for name in ("steps.L0", "dir.steps"):
+        with open(os.path.join(folder, name), "ab") as f:
+            f.write(b"\x07" * 20)  # part of a record: a writer stopped mid-write
+    timeline = _indexed(run_dir)
+    assert timeline.view(None, None, 1280) == _indexed(written).view(None, None, 1280)
+    assert not timeline.notes and not timeline.errors
+
+
+def test_a_live_run_is_drawn_from_its_index_and_the_bytes_written_since(tmp_path):
+    run_dir = str(tmp_path / "live" / "rnnmon")
+    writer = SummaryWriter(run_dir)
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "running", "start": 1000.0})
+
+    def chunk(first: int, rows: int) -> None:
+        writer.table(schema.STEPS_TAG, [(s, 0, 1000.0 + 0.02 * s, 1000.0 + 0.02 * s + 0.015, 3.0,
+                                         np.nan if s == 1 else 5.0, 1) for s in range(first, first + rows)])
+        writer.flush()
+
+    chunk(1, 100)
+    timeline = _indexed(run_dir)
+    assert timeline.view(None, None, 1280)["steps"]["total"] == 99
+    chunk(101, 30)
+    timeline.refresh()
+    assert timeline.view(None, None, 1280)["steps"]["step"][-1] == 130
+    writer.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 512 KiB tmpfs (root only)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_leaves_whole_index_records_and_the_data_wins(small_disk, caplog):
+    run_dir = str(small_disk / "full" / "rnnmon")
+    writer = SummaryWriter(run_dir)
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "running", "start": 1000.0})
+    step, refused = 1, 0
+    while refused < 3:  # until the disk refused the events, or the index, a few times
+        writer.table(schema.STEPS_TAG, [(s, 0, 1000.0 + 0.02 * s, 1000.0 + 0.02 * s + 0.015, 3.0 + s % 7,
+                                         np.nan if s == 1 else 5.0, 1) for s in range(step, step + 100)])
+        step += 100
+        written = writer.flush()
+        refused += not written or any("reading index" in r.getMessage() for r in caplog.records)
+    writer.close()
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    for name in os.listdir(folder):
+        records = np.fromfile(os.path.join(folder, name), dtype=index.dtype_of(name))
+        assert os.path.getsize(os.path.join(folder, name)) == records.nbytes and index.intact(records)
+    drawn = _indexed(run_dir).view(None, None, 1280)["steps"]
+    assert drawn["total"] == _whole(run_dir)["steps"]["total"] > 0
+
+
+def test_an_index_file_that_cannot_be_written_stops_the_index_and_the_rest_is_read_from_the_events(tmp_path, caplog):
+    run_dir = str(tmp_path / "blocked" / "rnnmon")
+    writer = SummaryWriter(run_dir)
+    (path,) = glob.glob(os.path.join(run_dir, "*tfevents*"))
+    os.makedirs(os.path.join(index.index_folder(path), "steps.L0"))  # a folder where the index's file belongs
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "running", "start": 1000.0})
+    for first in range(1, 1001, 100):
+        writer.table(schema.STEPS_TAG, [(s, 0, 1000.0 + 0.02 * s, 1000.0 + 0.02 * s + 0.015, 3.0 + s % 7,
+                                         np.nan if s == 1 else 5.0, 1) for s in range(first, first + 100)])
+        assert writer.flush()  # the events are written; only the index stops
+    writer.close()
+    stopped = [r.getMessage() for r in caplog.records if "reading index" in r.getMessage()]
+    assert len(stopped) == 1 and "cannot write it" in stopped[0]
+    timeline = _indexed(run_dir)
+    assert timeline.view(None, None, 1280)["steps"] == _whole(run_dir)["steps"]
+    assert timeline.view(None, None, 1280)["steps"]["total"] == 999 and not timeline.notes
+
+
+def test_a_fifo_and_strangers_in_the_index_folder_are_never_opened(written, tmp_path):
+    run_dir = _copy(written, tmp_path)
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    os.mkfifo(os.path.join(folder, "steps.L5"))  # opened blocking, this would hang the reader
+    os.symlink("/dev/zero", os.path.join(folder, "util0.L3"))
+    with open(os.path.join(folder, "notes.txt"), "w") as f:
+        f.write("not an index file\n" * 30)  # long enough for records, were it read as one
+    timeline = _indexed(run_dir)
+    assert timeline.view(None, None, 1280) == _indexed(written).view(None, None, 1280)
+    assert not timeline.notes and not timeline.errors

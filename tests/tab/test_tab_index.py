@@ -1,0 +1,134 @@
+"""The tab drawn from runs' reading indexes (rnnmon_tensorboard.indexed_timeline): the cache's budget bounds every
+run, one included, counted on what the plugin holds; a real TensorBoard serves /timeline from the index and says
+where the index disagreed with the data."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from rnnmon_tensorboard.plugin import RnnmonPlugin
+from synthetic_runs import write_gpu_run
+from tensorboard import context
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from tensorboard.plugins import base_plugin
+
+from rnnmon.format import index
+
+CHUNKS, PER_CHUNK = 100, 40
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("indexed")
+    write_gpu_run(str(root / "indexed" / "rnnmon"), CHUNKS, steps_per_chunk=PER_CHUNK)
+    shutil.copytree(root / "indexed", root / "old")  # a run of format 2 before the index: built on first read
+    shutil.rmtree(root / "old" / "rnnmon" / index.INDEX_DIR)
+    shutil.copytree(root / "old", root / "old2")
+    shutil.copytree(root / "indexed", root / "cut")  # its event file lost its end; its index still names it
+    (path,) = glob.glob(str(root / "cut" / "rnnmon" / "*tfevents*"))
+    (folder,) = glob.glob(str(root / "cut" / "rnnmon" / index.INDEX_DIR / "*"))
+    os.truncate(path, int(np.fromfile(os.path.join(folder, "dir.steps"), dtype=index.DIRECTORY)[75]["offset"]))
+    return str(root)
+
+
+def _plugin(logdir: str, **options) -> RnnmonPlugin:
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
+    return RnnmonPlugin(base_plugin.TBContext(logdir=logdir, data_provider=provider), read_ahead_runs=0, **options)
+
+
+def test_one_run_over_the_cache_budget_is_answered_and_not_kept(logdir):
+    ctx = context.RequestContext()
+    roomy = _plugin(logdir, index_from_bytes=0)
+    answer = roomy.timeline_impl(ctx, "", "old/rnnmon", None, None, 1000)
+    held = roomy.cached_bytes()
+    assert held > 0  # the old run's index, built in memory
+    tight = _plugin(logdir, index_from_bytes=0, cache_bytes=held // 2)
+    assert tight.timeline_impl(ctx, "", "old/rnnmon", None, None, 1000) == answer
+    assert tight.cached_bytes() <= held // 2  # was: a single run is kept whole, whatever its size
+    whole = _plugin(logdir, index_from_bytes=1 << 40)  # every run read whole (the path of short runs)
+    whole.timeline_impl(ctx, "", "indexed/rnnmon", None, None, 1000)
+    whole.summary_impl(ctx, "", "indexed/rnnmon")
+    held = whole.cached_bytes()
+    assert held > 0
+    tight = _plugin(logdir, index_from_bytes=1 << 40, cache_bytes=held // 2)
+    tight.timeline_impl(ctx, "", "indexed/rnnmon", None, None, 1000)
+    tight.summary_impl(ctx, "", "indexed/rnnmon")
+    assert tight.cached_bytes() <= held // 2
+
+
+def test_runs_together_over_the_budget_keep_the_most_recently_asked(logdir):
+    ctx = context.RequestContext()
+    roomy = _plugin(logdir, index_from_bytes=0)
+    roomy.timeline_impl(ctx, "", "old/rnnmon", None, None, 1000)
+    one = roomy.cached_bytes()
+    plugin = _plugin(logdir, index_from_bytes=0, cache_bytes=one + one // 2)  # room for one of the old runs
+    for run in ("old/rnnmon", "old2/rnnmon", "old/rnnmon"):
+        plugin.timeline_impl(ctx, "", run, None, None, 1000)
+        assert [name for _, name in plugin._indexed] == [run]
+        assert plugin.cached_bytes() <= one + one // 2
+
+
+def test_a_summary_of_a_run_drawn_from_its_index_keeps_no_tables(logdir):
+    ctx = context.RequestContext()
+    plugin = _plugin(logdir, index_from_bytes=0)
+    assert plugin.summary_impl(ctx, "", "indexed/rnnmon")["steps"] == CHUNKS * PER_CHUNK
+    assert len(plugin._cache[("", "indexed/rnnmon")].data.steps) == 0  # was: kept, uncounted, until evicted
+
+
+def _get(url: str) -> tuple[int, object]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.mark.slow
+def test_real_tensorboard_serves_timeline_from_the_index_and_notes_where_the_data_won(logdir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port),
+                               "--host", "127.0.0.1", "--rnnmon_index_from_bytes=0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    route = f"http://127.0.0.1:{port}/data/plugin/rnnmon/"
+    try:
+        deadline, runs = time.monotonic() + 90, {}
+        while time.monotonic() < deadline and len(runs) < 4:
+            time.sleep(0.5)
+            try:
+                status, body = _get(route + "runs")
+            except OSError:
+                continue  # not up yet
+            runs = {run["run"]: run for run in body["runs"]} if status == 200 else {}
+        assert set(runs) == {"indexed/rnnmon", "old/rnnmon", "old2/rnnmon", "cut/rnnmon"}
+        answers = {}
+        for run in runs:
+            status, answers[run] = _get(route + f"timeline?run={run}&points=1280")
+            assert status == 200, answers[run]
+        assert answers["indexed/rnnmon"]["steps"]["total"] == CHUNKS * PER_CHUNK - 1
+        assert answers["indexed/rnnmon"]["notes"] == [] and answers["old/rnnmon"]["notes"] == []
+        assert answers["old/rnnmon"]["steps"] == answers["indexed/rnnmon"]["steps"]
+        cut = answers["cut/rnnmon"]
+        assert "disagrees with the data" in cut["notes"][0]
+        assert cut["steps"]["total"] < CHUNKS * PER_CHUNK - 1  # what the event file holds, not what the index said
+        status, body = _get(route + "runs")
+        assert any("disagrees with the data" in note for note in {r["run"]: r for r in body["runs"]}[
+            "cut/rnnmon"]["notes"])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
