@@ -45,7 +45,7 @@ import numpy as np
 
 from rnnmon.format import packing, schema
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
-from rnnmon.format.reader import TAIL_GRACE_S, InvalidRecord, decode_chunks, raw_value
+from rnnmon.format.reader import TAIL_GRACE_S, InvalidRecord, Stored, by_name, decode_chunks, raw_value, stored_as
 
 LOG = logging.getLogger("rnnmon")
 INDEX_DIR = "rnnmon-index"
@@ -320,19 +320,22 @@ class IndexWriter:
             records.tobytes()))
         self.abandoned = False
 
-    def table(self, tag: str, rows: np.ndarray, packed: bytes | None, step: int) -> None:
-        """Stage a chunk of a drawn tag, as readers will decode it (`packed`: its packed bytes, or None where it is
-        stored as float64); one a reader would refuse (wrong width, a non-finite time) is left out, as readers leave
-        it out."""
+    def table(self, tag: str, rows: np.ndarray, packed: bytes | None, step: int,
+              layout: packing.Layout | None = None) -> None:
+        """Stage a chunk of a drawn tag, as readers will decode it (`packed`: its packed bytes in `layout`, the
+        writer's, or None where it is stored as float64 in the layout's columns) and map it by column name; one a
+        reader would refuse (wrong width, a non-finite time) is left out, as readers leave it out."""
         if self.abandoned or not drawn(tag):
             return
         try:
             if packed is not None:
-                rows = packing.decode(tag, packed)
+                rows = packing.decode(tag, packed, layout)
         except packing.FormatError as error:  # never: it was just packed; the index must not stop the writer
             self.abandon(f"a chunk it cannot decode: {error}")
             return
         columns = schema.columns_for(tag)
+        if layout is not None and rows.ndim == 2 and rows.shape[1] == len(layout.columns):
+            rows = by_name(tag, rows, layout.columns)[0]
         if (rows.ndim != 2 or not len(rows) or columns is None or rows.shape[1] != len(columns)
                 or not np.isfinite(rows[:, _times(tag)]).all()):
             return
@@ -440,6 +443,8 @@ class FileIndex:
         self._cursor = RecordCursor(0)
         self._sink = _MemorySink()
         self._builder = IndexBuilder(self._sink)
+        self._stored: dict[str, Stored] = {}  # how the file describes each drawn tag (format 3: by column name)
+        self._head_read = False
 
     def refresh(self) -> None:
         if self._trust_disk:
@@ -503,7 +508,7 @@ class FileIndex:
             raise IndexMismatch(f"it names {end} bytes of events, the event file holds {event_size}")
         for name, array in arrays.items():  # the last chunk of each series is where the index says, as it says
             if name.startswith("dir."):
-                read_chunk(self.path, array[-1], _tag_of(name[4:]))
+                self._chunk(array[-1], _tag_of(name[4:]))
         part = Part(arrays, mapped=frozenset(arrays))
         for name in arrays:
             if name.startswith("dir."):
@@ -523,7 +528,7 @@ class FileIndex:
             raise IndexMismatch(f"{_dir_name(series)}: a record's checksum fails")
         pieces = [_empty(series)]
         for entry in chunk:
-            for name, parts in series_of(tag, read_chunk(self.path, entry, tag)):
+            for name, parts in series_of(tag, self._chunk(entry, tag)):
                 if name == series:
                     keep = parts[0] > after
                     pieces.append(tuple(x[keep] for x in parts))
@@ -562,15 +567,46 @@ class FileIndex:
                     continue
                 for value in event.summary.value:
                     if drawn(value.tag):
+                        self._learn(value)
                         staged.setdefault(value.tag, []).append((event.step, *where, value.tensor))
             for tag, chunks in staged.items():
-                rows, counts, kept, failed = decode_chunks(tag, [tensor for *_, tensor in chunks])
+                tensors = [tensor for *_, tensor in chunks]
+                rows, counts, kept, failed = decode_chunks(tag, tensors, self._stored.get(tag))
                 self._errors.update(dict.fromkeys(f"{tag} at step {chunks[i][0]}: {error}" for i, error in failed))
                 self._builder.add_many(tag, rows, counts, *([chunks[i][n] for i in kept] for n in range(3)))
                 grew = True
         if grew:
             self.memory = Part(self._sink.arrays(), {
                 name: pyramid.pending for name, pyramid in self._builder.series.items()})
+
+    def _learn(self, value: Any) -> None:
+        """Keep how a value's metadata describes its tag (its first value in the file carries it)."""
+        if value.HasField("metadata") and value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME:
+            self._stored[value.tag] = stored_as(value.tag, schema.parse_content(value.metadata.plugin_data.content))
+
+    def stored(self, tag: str) -> Stored | None:
+        """How this file describes `tag`: learnt from its records, or from its first `SCAN_BYTES` once where the
+        scan started past them (a disk index); None (as this reader writes it) where they do not say."""
+        if tag not in self._stored and not self._head_read:
+            self._head_read = True
+            from google.protobuf.message import DecodeError
+            from tensorboard.compat.proto import event_pb2
+
+            try:
+                records = RecordCursor(0).scan(self.path, SCAN_BYTES).records
+            except OSError:
+                records = []
+            for record in records:
+                if not any(mark in record for mark in _MARKS):
+                    continue
+                try:
+                    event = event_pb2.Event.FromString(record)
+                except DecodeError:
+                    continue
+                for value in event.summary.value:
+                    if drawn(value.tag) and value.tag not in self._stored:
+                        self._learn(value)
+        return self._stored.get(tag)
 
     @property
     def errors(self) -> list[str]:
@@ -580,10 +616,13 @@ class FileIndex:
     def parts(self) -> list[Part]:
         return [self.disk, self.memory]
 
+    def _chunk(self, entry: np.void, tag: str) -> np.ndarray:
+        return read_chunk(self.path, entry, tag, self.stored(tag))
+
     def read(self, entry: np.void, series: str) -> np.ndarray:
         """The rows of the chunk `entry` names; a disagreement stops the disk index's use (and raises)."""
         try:
-            return read_chunk(self.path, entry, _tag_of(series))
+            return self._chunk(entry, _tag_of(series))
         except IndexMismatch as error:
             raise self.damaged(str(error)) from None
 
@@ -628,7 +667,7 @@ def _tag_of(series: str) -> str:
     return schema.GAPS_TAG if series.startswith("gaps.") else schema.PHASES_TAG
 
 
-def read_chunk(path: str, entry: np.void, tag: str) -> np.ndarray:
+def read_chunk(path: str, entry: np.void, tag: str, stored: Stored | None = None) -> np.ndarray:
     """The rows of `tag` in the event `entry` names, checked: framing, both checksums, event step, the tag."""
     from google.protobuf.message import DecodeError
     from tensorboard.compat.proto import event_pb2
@@ -658,7 +697,7 @@ def read_chunk(path: str, entry: np.void, tag: str) -> np.ndarray:
     for value in event.summary.value:
         if value.tag == tag:
             try:
-                return raw_value(tag, value.tensor)
+                return raw_value(tag, value.tensor, stored)
             except (InvalidRecord, ValueError) as error:
                 raise IndexMismatch(f"{tag} at step {step}: {error}") from None
     raise IndexMismatch(f"the event at byte {offset} holds no {tag}")

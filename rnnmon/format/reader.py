@@ -159,7 +159,7 @@ class RunReader:
         self._marks = None if tags is None else tuple(tag.encode() for tag in tags)
         self._batch_bytes = SCAN_BATCH_BYTES if tags is None else FEW_TAGS_BATCH_BYTES  # few records kept: small
         self._content: dict[str, dict[str, Any] | None] = {}  # tag -> its JSON content; None: not rnnmon's
-        self._stored: dict[str, _Stored] = {}  # tag -> how its values were written, from the latest content read
+        self._stored: dict[str, Stored] = {}  # tag -> how its values were written, from the latest content read
         self._notes: dict[str, None] = {}  # a newer writer's version and columns this reader does not know
         self._seen: dict[str, set[tuple[int, float]]] = {}  # per tag: provider datums decoded
         self._tables: dict[str, _Table] = {}
@@ -169,7 +169,7 @@ class RunReader:
         self._last_write = 0.0
         self._cursors: dict[str, RecordCursor] = {}  # per event file: where update_from_files is, and check_files
         self._checked: dict[str, RecordCursor] = {}
-        self._staged: dict[str, list[tuple[int, bytes | np.ndarray, _Stored]]] = {}
+        self._staged: dict[str, list[tuple[int, bytes | np.ndarray, Stored]]] = {}
         self._events: dict[tuple[int, float], str] = {}  # (step, wall time) of each rnnmon event read -> its file
         self._repeated: dict[tuple[str, str], None] = {}  # (file, an earlier file whose events it repeats)
         self._spans: dict[str, list[int]] = {}  # per file: the first and last step of its rnnmon events
@@ -314,7 +314,7 @@ class RunReader:
         self._content[tag] = content
         if content is None:
             return
-        self._stored[tag] = _stored(tag, content)
+        self._stored[tag] = stored_as(tag, content)
         version = content.get("version")
         if _is_number(version) and version > schema.FORMAT_VERSION:
             self._notes[f"written by a newer rnnmon (format version {version}; this reader knows 1 to "
@@ -343,7 +343,7 @@ class RunReader:
                 return  # a tag from a newer rnnmon: ignore it
             if width == _BAD_DEVICE:
                 raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
-            stored = self._stored.get(tag) or _stored(tag, {})
+            stored = self._stored.get(tag) or stored_as(tag, {})
             if isinstance(value, bytes):
                 if value[:4] != packing.MAGIC:
                     raise InvalidRecord("a string where a table belongs")
@@ -359,7 +359,7 @@ class RunReader:
     def _commit(self) -> RunData:
         """Decode and check the chunks staged by this update, all of a tag at once, and append the valid ones."""
         for tag, staged in self._staged.items():
-            groups: dict[_Stored, list[tuple[int, bytes | np.ndarray]]] = {}  # usually one: a writer's metadata
+            groups: dict[Stored, list[tuple[int, bytes | np.ndarray]]] = {}  # usually one: a writer's metadata
             for step, value, stored in staged:
                 groups.setdefault(stored, []).append((step, value))
             decoded = [self._decode(tag, stored, values) for stored, values in groups.items()]
@@ -382,7 +382,7 @@ class RunReader:
         self._staged = {}
         return self.data()
 
-    def _decode(self, tag: str, stored: _Stored, staged: list[tuple[int, bytes | np.ndarray]]
+    def _decode(self, tag: str, stored: Stored, staged: list[tuple[int, bytes | np.ndarray]]
                 ) -> tuple[np.ndarray, list[int], list[int]]:
         """(rows in this reader's columns, event steps, row counts) of the chunks of `tag` that decode, all
         written as `stored` says; the others become errors."""
@@ -413,20 +413,12 @@ class RunReader:
         return rows, steps, counts
 
     def _by_name(self, tag: str, rows: np.ndarray, stored: tuple[str, ...]) -> np.ndarray:
-        """`rows` with columns named `stored` as this reader's columns of `tag`: a column it lacks is NaN, a column
-        it does not know is skipped (and named in the run's notes)."""
-        columns = schema.columns_for(tag) or ()
-        if stored == columns:
-            return rows
-        unknown = [name for name in stored if name not in columns]
+        """`by_name`, naming the columns it skipped in the run's notes."""
+        rows, unknown = by_name(tag, rows, stored)
         if unknown:
             table = schema.table_name(tag)
             self._notes[f"{table} has columns this reader does not know, skipped: {', '.join(unknown)[:200]}"] = None
-        out = np.full((len(rows), len(columns)), np.nan)
-        for i, name in enumerate(columns):
-            if name in stored:
-                out[:, i] = rows[:, stored.index(name)]
-        return out
+        return rows
 
     def _add_document(self, tag: str, step: int, doc: Any) -> None:
         if tag == schema.RUN_TAG:
@@ -493,8 +485,21 @@ class RunReader:
         return out
 
 
+def by_name(tag: str, rows: np.ndarray, stored: tuple[str, ...]) -> tuple[np.ndarray, list[str]]:
+    """`rows`, whose columns are named `stored`, in this reader's columns of `tag` (a column it lacks is NaN), and
+    the stored columns it does not know (skipped)."""
+    columns = schema.columns_for(tag) or ()
+    if stored == columns:
+        return rows, []
+    out = np.full((len(rows), len(columns)), np.nan)
+    for i, name in enumerate(columns):
+        if name in stored:
+            out[:, i] = rows[:, stored.index(name)]
+    return out, [name for name in stored if name not in columns]
+
+
 @dataclasses.dataclass(frozen=True)
-class _Stored:
+class Stored:
     """How a tag's values were written, from its metadata: the columns of a float64 table, and the layout of a
     packed chunk (None, and `problem` saying why, when the metadata describes one this reader cannot decode)."""
 
@@ -503,16 +508,17 @@ class _Stored:
     problem: str = ""
 
 
-def _stored(tag: str, content: dict[str, Any]) -> _Stored:
-    """`tag`'s `_Stored` from its metadata content; this reader's own columns where the content names none."""
+def stored_as(tag: str, content: dict[str, Any]) -> Stored:
+    """How `tag`'s values were written, from its metadata content; this reader's own columns where the content names
+    none."""
     names = content.get("columns")
     columns = schema.columns_for(tag) or ()
     if isinstance(names, list) and 0 < len(names) <= packing.MAX_COLUMNS and all(isinstance(n, str) for n in names):
         columns = tuple(names)
     try:
-        return _Stored(columns, packing.stored_layout(tag, content))
+        return Stored(columns, packing.stored_layout(tag, content))
     except packing.FormatError as error:
-        return _Stored(columns, None, f"cannot decode packed chunks as the metadata describes them: {error}")
+        return Stored(columns, None, f"cannot decode packed chunks as the metadata describes them: {error}")
 
 
 _TABLE_FIELDS = {schema.STEPS_TAG: "steps", schema.PHASES_TAG: "phases", schema.HOST_TAG: "host",
@@ -733,33 +739,42 @@ _DOCUMENT_CHECKS = {schema.FINDINGS_TAG: _check_finding, schema.ALERTS_TAG: _che
 
 
 
-def raw_value(tag: str, tensor: Any) -> np.ndarray:
-    """One table chunk of `tag` from its TensorProto, as float64 rows in version 1's columns, checked as
-    `RunReader` checks it (shape and size first, then the rows); InvalidRecord or packing.FormatError when it fails."""
-    rows, _, _, failed = decode_chunks(tag, [_raw_from_proto(tensor)])
+def raw_value(tag: str, tensor: Any, stored: Stored | None = None) -> np.ndarray:
+    """One table chunk of `tag` from its TensorProto, as float64 rows in this reader's columns, checked as
+    `RunReader` checks it (shape and size first, then the rows); InvalidRecord or packing.FormatError when it fails.
+    `stored`: how the chunk's file describes the tag (`stored_as`), default as this reader writes it."""
+    rows, _, _, failed = decode_chunks(tag, [_raw_from_proto(tensor)], stored)
     if failed:
         raise InvalidRecord(failed[0][1])
     return rows
 
 
-def decode_chunks(tag: str, tensors: list[Any]) -> tuple[np.ndarray, list[int], list[int], list[tuple[int, str]]]:
-    """Table chunks of `tag` (TensorProtos, or what `_raw_from_proto` made of them) decoded and checked together, as
-    `RunReader` does: (their rows concatenated, row count and index of each chunk kept, (index, error) of each
-    refused)."""
+def decode_chunks(tag: str, tensors: list[Any], stored: Stored | None = None
+                  ) -> tuple[np.ndarray, list[int], list[int], list[tuple[int, str]]]:
+    """Table chunks of `tag` (TensorProtos, or what `_raw_from_proto` made of them) decoded, mapped by column name
+    and checked together, as `RunReader` does: (their rows concatenated, row count and index of each chunk kept,
+    (index, error) of each refused). `stored`: how their file describes the tag (`stored_as`), default as this
+    reader writes it."""
+    stored = stored or stored_as(tag, {})
     width = _table_width(tag)
     raws, failed = [], []
     for index, tensor in enumerate(tensors):
         try:
             raw = tensor if isinstance(tensor, (bytes, np.ndarray)) else _raw_from_proto(tensor)
-            if not isinstance(raw, bytes) and raw.shape[1] != width:
-                raise InvalidRecord(f"expected rows of {width} columns, found shape {raw.shape}")
+            if isinstance(raw, bytes) and stored.problem:
+                raise InvalidRecord(stored.problem)
+            if not isinstance(raw, bytes):
+                if raw.shape[1] != len(stored.columns):
+                    raise InvalidRecord(f"expected rows of {len(stored.columns)} columns, found shape {raw.shape}")
+                raw = by_name(tag, raw, stored.columns)[0]
             raws.append((index, raw))
         except _INVALID as error:
             failed.append((index, str(error)))
     tables, kept = [], []
     packed = [(index, raw) for index, raw in raws if isinstance(raw, bytes)]
     if packed:
-        rows, decoded, errors = packing.decode_many(tag, [raw for _, raw in packed])
+        rows, decoded, errors = packing.decode_many(tag, [raw for _, raw in packed], stored.layout)
+        rows = by_name(tag, rows, stored.layout.columns if stored.layout else stored.columns)[0]
         failed += [(packed[i][0], str(error)) for i, error in errors]
         starts = np.cumsum([0, *(count for _, count in decoded)])
         tables += [(packed[i][0], rows[starts[n]:starts[n + 1]]) for n, (i, _) in enumerate(decoded)]

@@ -171,7 +171,7 @@ class SummaryWriter:
                     self._tensors = event_pb2.Event(wall_time=time.time(), step=self._next_sequence())
                 self._tensors.summary.value.append(value)
                 if rows is not None:
-                    self._index.table(tag, *rows, self._tensors.step)
+                    self._index.table(tag, *rows, self._tensors.step, packing.layout_of(tag, self.format))
             else:
                 if self._scalars is None or self._scalars.step != step or any(
                         v.tag == tag for v in self._scalars.summary.value):

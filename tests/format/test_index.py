@@ -3,6 +3,7 @@ disagrees; /timeline drawn from it (rnnmon_tensorboard.indexed_timeline) against
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import shutil
@@ -247,3 +248,43 @@ def test_a_fifo_and_strangers_in_the_index_folder_are_never_opened(written, tmp_
     timeline = _indexed(run_dir)
     assert timeline.view(None, None, 1280) == _indexed(written).view(None, None, 1280)
     assert not timeline.notes and not timeline.errors
+
+
+@pytest.mark.parametrize("columns", ["newer", "older"])
+def test_an_index_of_a_writer_with_other_columns_maps_them_by_name(tmp_path, columns):
+    """A newer writer (a statistic more: a longer packed row) and an older one (before the GPM columns) are indexed
+    and drawn by column name, by the writer and by a reader that builds the index in memory, as the whole read
+    maps them: SM activity where the file has it, none where it does not, and no error."""
+    from rnnmon.format import series
+
+    fmt = (series.FORMAT.with_series(series.STATS_PREFIX, series.Series("fan_speed_pct", "%", "u1", "fan"))
+           if columns == "newer" else series.FORMAT)
+    if columns == "older":
+        stats = series.STATS
+        older = dataclasses.replace(stats, series=tuple(s for s in stats.series if not s.source.startswith("GPM")))
+        fmt = series.Format(2, tuple(older if t is stats else t for t in series.FORMAT.tables))
+    names = fmt.table(f"{schema.STATS_TAG_PREFIX}0").columns
+    run_dir = str(tmp_path / "run" / "rnnmon")
+    writer = SummaryWriter(run_dir, fmt)
+    for chunk in range(40):
+        t = 1_790_000_000.0 + chunk * 2 + np.arange(8) * 0.25
+        rows = np.zeros((8, len(names)))
+        rows[:, 0] = t
+        if "sm_activity_pct" in names:
+            rows[:, names.index("sm_activity_pct")] = (chunk * 8 + np.arange(8)) % 100
+        writer.table(f"{schema.STATS_TAG_PREFIX}0", rows, device={"index": 0, "name": "H200"})
+        writer.table(f"{schema.UTIL_TAG_PREFIX}0", np.column_stack([t, np.full(8, 50.0)]))
+        writer.flush()
+    writer.close()
+    in_memory = _copy(run_dir, tmp_path)
+    shutil.rmtree(os.path.join(in_memory, index.INDEX_DIR))
+    for folder in (run_dir, in_memory):
+        timeline = _indexed(folder)
+        assert timeline.errors == [] and timeline.notes == []
+        for start, end in ((None, None), (10.0, 12.0)):
+            drawn, whole = timeline.view(start, end, 1280)["gpus"][0], _whole(run_dir, start, end)["gpus"][0]
+            assert drawn["util"]["value"] and set(drawn["util"]["value"]) == {50.0}
+            if columns == "newer":
+                assert max(drawn["sm_activity"]["value"]) == max(whole["sm_activity"]["value"]) >= 49
+            else:
+                assert drawn.get("sm_activity") is None and whole.get("sm_activity") is None
