@@ -26,10 +26,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "report":
         from rnnmon.report import build_report, render_text
+        from rnnmon.storage.remote import CredentialsInURL
 
         try:
             result = build_report(args.logdir, all_gaps=args.gaps == "all")
-        except OSError as error:  # no such folder, or a bucket that cannot be listed
+        except (OSError, CredentialsInURL) as error:  # no such folder, a bucket that cannot be listed
             print(f"rnnmon: {error}", file=sys.stderr)
             return 2
         print(json.dumps(result, indent=2) if args.json else render_text(result, all_gaps=args.gaps == "all"))

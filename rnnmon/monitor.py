@@ -170,6 +170,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self.log_dir = log_dir
         self.upload_interval_s, self.segment_s = upload_interval_s, segment_s
         # gs:// and s3://: the run is written to a local staging folder and uploaded from there (rnnmon.storage)
+        if remote.is_remote(log_dir):
+            remote.check(log_dir)
         self._staging = remote.local_folder("staging", log_dir) if remote.is_remote(log_dir) else None
         self._uploader: Uploader | None = None
         self.worker = worker_name()  # from the environment only; JAX's process index is asked at the fit's start

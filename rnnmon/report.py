@@ -37,6 +37,7 @@ def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
     `logdir` may be a `gs://` or `s3://` URL (docs/storage.md).
     """
     if remote.is_remote(logdir):  # read through an on-disk mirror, downloading only new and changed objects
+        remote.check(logdir)
         mirror = Mirror(logdir)
         logdir = mirror.sync()  # OSError, without credentials, when the store cannot be listed
         if not mirror.objects:

@@ -3,7 +3,7 @@
 A remote log directory is a URL of a scheme that fsspec knows (`gs://` through gcsfs, `s3://` through s3fs; see
 docs/storage.md for why fsspec). Credentials come from each library's own chain (application default credentials,
 AWS profiles and environment); a URL may still carry some (`s3://KEY:SECRET@bucket`, `?token=`), so every message
-names a URL through `redact`, never as given.
+names a URL through `redact`, never as given, and `check` refuses such a URL for writing or reading.
 
 Example:
     >>> is_remote("gs://bucket/exp1"), is_remote("runs/exp1")
@@ -23,13 +23,26 @@ from typing import Any
 
 SCHEMES = ("gs", "gcs", "s3", "s3a")  # the schemes rnnmon writes and reads; others are local paths as before
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*)://", re.I)
-TIMEOUT_S = 30.0  # one request's connect and read deadline: a dead network costs an upload pass, not a hang
+TIMEOUT_S = 20.0  # one request's connect and read deadline: a dead network costs an upload pass, not a hang
 
 
 def is_remote(path: str | os.PathLike | None) -> bool:
     """True for `gs://…` and `s3://…` (a scheme rnnmon writes through fsspec)."""
     match = _URL.match(os.fspath(path)) if path is not None else None
     return bool(match) and match.group(1).lower() in SCHEMES
+
+
+class CredentialsInURL(ValueError):
+    """A log directory URL that carries credentials or a query."""
+
+
+def check(url: str) -> None:
+    """Refuse a URL that carries credentials (user, password or query): they belong in the library's chain."""
+    match = _URL.match(url)
+    rest = url[match.end():] if match else ""
+    if "@" in rest.split("/", 1)[0] or "?" in rest or "#" in rest:
+        raise CredentialsInURL(f"a log directory URL must not carry credentials or a query; pass them the storage "
+                         f"library's usual way (see docs/storage.md). Received: {redact(url)}")
 
 
 def redact(url: str) -> str:
@@ -59,6 +72,7 @@ def filesystem(url: str) -> tuple[Any, str]:
     if scheme.startswith("s3"):
         fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, config_kwargs={
             "connect_timeout": TIMEOUT_S, "read_timeout": TIMEOUT_S, "retries": {"max_attempts": 2}})
+        fs.retries = 2  # s3fs's own retries (5 by default) on top of botocore's: the uploader retries anyway
         return fs, path.rstrip("/")
     from gcsfs.core import GCSFileSystem
 

@@ -8,9 +8,10 @@ its last write). Training never waits for it: each request has a deadline (`remo
 
 A failure (network down, throttled bucket, expired token) logs one warning, then the pass is retried with
 backoff (up to `MAX_BACKOFF_S`); the files stay in the staging folder, so nothing written is lost. The next good
-pass logs the recovery. `close()` asks for a last pass; at the process's exit the last pass gets up to
-`EXIT_WAIT_S`, and files still not uploaded are named in one warning and left in the staging folder, which a
-later monitor of the same log directory on this host uploads. Uploaded files are removed from staging at the end.
+pass logs the recovery. `close()` asks for a last pass, retried for `FINAL_RETRY_S` while the process lives; when the
+main thread ends (the process exits) the last pass gets at most `EXIT_WAIT_S`. Files still not uploaded then are
+named in one warning and left in the staging folder, which a later monitor of the same log directory on this host
+uploads. Uploaded files are removed from staging at the end.
 
 Example:
     >>> up = Uploader("/tmp/rnnmon-staging/exp1-…/rnnmon", "s3://bucket/exp1/rnnmon")
@@ -21,13 +22,11 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
 import threading
 import time
-import weakref
 
 from rnnmon.storage import remote
 
@@ -35,8 +34,8 @@ LOG = logging.getLogger("rnnmon")
 INTERVAL_S = 30.0  # each file is put at most once per this (the growing segment's bounded rate)
 MAX_BACKOFF_S = 60.0
 EXIT_WAIT_S = 30.0  # at the process's exit, the longest the last uploads are waited for
+FINAL_RETRY_S = 600.0  # after the end of a fit (the process lives on), the last pass is retried this long
 SKIPPED = ("rnnmon.lock",)  # the local writer's lock: it means nothing on another host
-_OPEN: weakref.WeakSet[Uploader] = weakref.WeakSet()
 
 
 class Uploader:
@@ -51,11 +50,12 @@ class Uploader:
         self._failing = False
         self._closing = threading.Event()
         self._done = threading.Event()
-        self.failures = 0  # passes that failed (for tests and the final message)
-        self._thread = threading.Thread(target=self._run, name="rnnmon-upload", daemon=True)
+        self.failures = 0  # passes that failed
+        # not a daemon: the interpreter's exit joins it before it shuts down what a request needs (threads for
+        # name lookups); it ends by itself (see `_run`), so the exit waits at most EXIT_WAIT_S for it
+        self._thread = threading.Thread(target=self._run, name="rnnmon-upload")
 
     def start(self) -> None:
-        _OPEN.add(self)
         self._thread.start()
 
     def close(self) -> None:
@@ -72,9 +72,15 @@ class Uploader:
 
     # --- the thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
-        backoff = 1.0
+        """Passes every `poll_s` until `close()` or the end of the main thread (the process exits), then the last
+        pass, retried with backoff for `FINAL_RETRY_S` after `close()` or `EXIT_WAIT_S` once the process exits."""
+        backoff, deadline = 1.0, None
         while True:
-            final = self._closing.is_set()
+            exiting = not threading.main_thread().is_alive()
+            final = exiting or self._closing.is_set()
+            if final:
+                limit = time.monotonic() + (EXIT_WAIT_S if exiting else FINAL_RETRY_S)
+                deadline = limit if deadline is None else min(deadline, limit)
             if self._pass(final):
                 backoff = 1.0
                 if final:
@@ -82,9 +88,17 @@ class Uploader:
                     self._done.set()
                     return
                 self._closing.wait(self._poll_s)
+                continue
+            if final and time.monotonic() + backoff > deadline:
+                LOG.warning("rnnmon: %d file(s) were not uploaded to %s; they are kept in %s (a later monitor of "
+                            "this log directory on this host uploads them).", len(self.pending()), self.shown,
+                            self.local_dir)
+                return
+            if final:
+                time.sleep(backoff)
             else:
-                self._closing.wait(backoff) if not final else time.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                self._closing.wait(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def _pass(self, final: bool) -> bool:
         """Upload what changed (and is due, unless `final`); False after a failure."""
@@ -137,15 +151,3 @@ def _describe(error: BaseException, url: str) -> str:
     """`Type: message` of an upload error, without the URL's credentials and at most 300 characters."""
     text = f"{type(error).__name__}: {error}".replace(url, remote.redact(url))
     return text[:300]
-
-
-@atexit.register
-def _wait_at_exit() -> None:
-    """Give the last uploads up to `EXIT_WAIT_S` in all, then name what stays in staging."""
-    deadline = time.monotonic() + EXIT_WAIT_S
-    for uploader in list(_OPEN):
-        uploader.close()  # also one whose monitor never reached its end
-        if not uploader.wait(max(0.0, deadline - time.monotonic())):
-            LOG.warning("rnnmon: %d file(s) of %s were not uploaded to %s before the process ended; they are kept in "
-                        "%s (a later monitor of this log directory on this host uploads them).",
-                        len(uploader.pending()), uploader.local_dir, uploader.shown, uploader.local_dir)
