@@ -2,8 +2,11 @@
 
 `sync()` lists the objects under the URL (one listing) and downloads only the objects that are new or changed
 since the last sync: compared by size and by the store's version of the object (GCS's generation, S3's ETag,
-else its modification time). Each download replaces its file in one rename, so a reader never sees half of it;
-the mirror keeps the objects' tree as it is in the bucket, so run names are the same as for a local folder. The
+else its modification time). Only event files and the files of rnnmon's run folders are mirrored, never a
+checkpoint beside them. An object that grew (the uploader re-puts a growing event file whole) is appended to its
+local copy when the copy is a prefix of it, so readers that follow a file (rnnmon's, TensorBoard's) see it grow as
+a local live file; any other change replaces the copy in one rename. The mirror keeps the objects' tree as it is
+in the bucket, so run names are the same as for a local folder. The
 cache is on disk (`$RNNMON_CACHE_DIR`, else under the temporary folder), so a second process (the next
 `rnnmon report`, a restarted TensorBoard) downloads only what changed.
 
@@ -21,6 +24,8 @@ import os
 import threading
 from typing import Any
 
+from rnnmon.format.eventfile import EVENT_FILE_MARK
+from rnnmon.format.schema import RUN_SUBDIR
 from rnnmon.storage import remote
 
 MANIFEST = "manifest.json"
@@ -60,7 +65,8 @@ class Mirror:
                 rel = path[len(self._root):].strip("/") if path.startswith(self._root) else None
                 if not rel or any(part in ("", ".", "..") for part in rel.split("/")):
                     continue  # not under the root, or a name that would leave the mirror
-                objects[rel] = _version(info)
+                if mirrored(rel):
+                    objects[rel] = _version(info)
             for rel, version in sorted(objects.items()):
                 if self._seen.get(rel) != version or not os.path.exists(self._local(rel)):
                     self._download(rel)
@@ -80,6 +86,14 @@ class Mirror:
         data = self._fs.cat_file(remote.join(self._root, rel))
         path = self._local(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        with contextlib.suppress(OSError), open(path, "r+b") as f:
+            old = f.read(len(data) + 1)
+            if old and len(old) < len(data) and data.startswith(old):  # grown: append, as a live file grows
+                f.seek(len(old))
+                f.write(data[len(old):])
+                self.downloaded += 1
+                self.downloaded_bytes += len(data)
+                return
         incoming = os.path.join(self.folder, "incoming")  # outside the tree: no reader sees a half-written file
         os.makedirs(incoming, exist_ok=True)
         temporary = os.path.join(incoming, f"{os.getpid()}.{threading.get_ident()}")
@@ -103,6 +117,12 @@ class Mirror:
         with open(temporary, "w") as f:
             json.dump(self._seen, f)
         os.replace(temporary, os.path.join(self.folder, MANIFEST))
+
+
+def mirrored(rel: str) -> bool:
+    """An event file, or a file of an rnnmon run folder (its event files, indexes, profiles)."""
+    parts = rel.split("/")
+    return EVENT_FILE_MARK in parts[-1] or RUN_SUBDIR in parts[:-1]
 
 
 def _version(info: dict[str, Any]) -> list[Any]:

@@ -47,7 +47,6 @@ from rnnmon.analysis.stragglers import compare_workers, worker_of, worker_order
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
-from rnnmon.storage import remote
 
 from .read_ahead import ReadAhead
 from .remote_runs import RemoteRuns
@@ -147,11 +146,13 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self._local = LocalRuns.of(context.logdir)  # None: read through the data provider
         self._remote = RemoteRuns.of(context.logdir)  # gs://, s3://: read through a local mirror, as local runs
         if self._remote is not None:
-            self._data_provider, self._local = self._remote.provider, LocalRuns(self._remote.tree)
+            if context.logdir != self._remote.tree:  # TensorBoard reads the URL itself: the runs listed from the mirror
+                self._data_provider = self._remote.provider
+            self._local = LocalRuns(self._remote.tree)
         self._descriptions: dict[tuple[str, str], _Described] = {}  # local runs, for /runs
         self._descriptions_lock = threading.Lock()  # held only to find or add a run's entry, never while reading
         self._plotly_gz: bytes | None = None
-        self._thresholds = ThresholdsStore(remote.redact(context.logdir) if self._remote else context.logdir)
+        self._thresholds = ThresholdsStore(self._remote.shown if self._remote else context.logdir)
         self._read_ahead_runs, self._read_ahead_bytes = read_ahead_runs, read_ahead_bytes
         self._live_window_s = live_window_s
         self.read_ahead = ReadAhead()  # reads runs /runs listed before the tab asks for them (local log directories)

@@ -4,8 +4,11 @@ TensorBoard's own loader cannot read every remote store (TensorFlow's file syste
 without TensorFlow there is no `gs://`), and reading through it would skip rnnmon's checks. So the tab mirrors the
 log directory's objects into a local cache on a background thread (`rnnmon-mirror`), downloading only new and
 changed objects, every `SYNC_S`, and reads the mirror as a local log directory: the same reader, checks and
-incremental reads as local runs. The runs' listing comes from a TensorBoard multiplexer over the mirror, reloaded
-after each sync. A store that cannot be listed keeps the last mirror and logs one warning (without credentials).
+incremental reads as local runs. Where TensorBoard reads the scheme itself (`gs://` with TensorFlow), the runs'
+listing comes from a multiplexer over the mirror, reloaded after each sync. Where it cannot (`s3://` with
+TensorFlow but without tensorflow-io: TensorBoard would not start), the loader points `--logdir` at the mirror
+(`mirror_logdir`), so TensorBoard and all its tabs read the mirror as a local folder. A store that cannot be listed
+keeps the last mirror and logs one warning (without credentials).
 
 Example:
     >>> runs = RemoteRuns("s3://bucket/exp1")
@@ -17,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -24,20 +28,20 @@ from rnnmon.storage import remote
 from rnnmon.storage.mirror import Mirror
 
 LOG = logging.getLogger("rnnmon")
-SYNC_S = 15.0  # between listings of the bucket: 240 LIST requests an hour, plus a GET per changed object
+SYNC_S = 15.0  # between listings of the bucket (`$RNNMON_SYNC_S`): 240 LIST requests an hour, a GET per changed object
 FIRST_SYNC_WAIT_S = 60.0  # a request before the first sync waits this long for it
 
 
 class RemoteRuns:
     """The mirror of one remote log directory and a data provider over it."""
 
-    def __init__(self, url: str, sync_s: float = SYNC_S) -> None:
+    def __init__(self, url: str, sync_s: float | None = None) -> None:
         from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
         self.shown = remote.redact(url)
         self.mirror = Mirror(url)
         self.tree = self.mirror.tree
-        self._sync_s = sync_s
+        self._sync_s = sync_s or float(os.environ.get("RNNMON_SYNC_S") or SYNC_S)
         self._multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
         self._provider = data_provider.MultiplexerDataProvider(self._multiplexer, self.tree)
         self.provider = _AfterFirstSync(self)
@@ -48,7 +52,10 @@ class RemoteRuns:
 
     @classmethod
     def of(cls, logdir: str | None) -> RemoteRuns | None:
-        """The remote log directory `logdir`, started; None where it is local or not given."""
+        """The remote log directory `logdir` (or the one whose mirror `logdir` is), started; None where it is
+        local or not given."""
+        if logdir and logdir in _BY_TREE:
+            return _BY_TREE[logdir]
         if not remote.is_remote(logdir):
             return None
         runs = cls(logdir)
@@ -87,6 +94,32 @@ class RemoteRuns:
         while not self._stop.is_set():
             self.sync()
             self._stop.wait(self._sync_s)
+
+
+_BY_TREE: dict[str, RemoteRuns] = {}  # mirrors TensorBoard reads as its --logdir
+
+
+def mirror_logdir(logdir: str) -> str | None:
+    """For a remote `logdir` TensorBoard cannot read itself: the local folder of its mirror (syncing in the
+    background), to read in its place; else None."""
+    if not remote.is_remote(logdir) or readable_by_tensorboard(logdir):
+        return None
+    runs = RemoteRuns(logdir)
+    os.makedirs(runs.tree, exist_ok=True)
+    _BY_TREE[runs.tree] = runs
+    runs.start()
+    return runs.tree
+
+
+def readable_by_tensorboard(logdir: str) -> bool:
+    """Whether TensorBoard's file layer (TensorFlow's, or its own without TensorFlow) has `logdir`'s scheme."""
+    from tensorboard.compat import tf
+
+    scheme = logdir.split("://", 1)[0].lower()
+    try:
+        return scheme in tf.io.gfile.get_registered_schemes()
+    except AttributeError:  # TensorBoard's own file layer (no TensorFlow): fsspec's schemes are all there
+        return True
 
 
 class _AfterFirstSync:

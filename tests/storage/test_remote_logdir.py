@@ -100,6 +100,7 @@ def test_the_mirror_downloads_only_new_and_changed_objects(store, tmp_path):
         write_gpu_run(str(local / run / "rnnmon"), 5)
     fs, root = store.filesystem(), store.url("exp").split("://", 1)[1]
     fs.put(str(local) + "/", root, recursive=True)
+    fs.pipe_file(f"{root}/a/checkpoints/model.weights.h5", b"\0" * 1000)  # not mirrored: not rnnmon's, no event file
     mirror = Mirror(store.url("exp"))
     tree = mirror.sync()
     assert mirror.downloaded == 2 and sorted(os.listdir(tree)) == ["a", "b"]
@@ -108,12 +109,17 @@ def test_the_mirror_downloads_only_new_and_changed_objects(store, tmp_path):
     again = Mirror(store.url("exp"))
     again.sync()
     assert again.downloaded == 0
+    assert not os.path.exists(os.path.join(tree, "a", "checkpoints"))
     (name,) = os.listdir(local / "a" / "rnnmon")
+    copy = os.path.join(tree, "a", "rnnmon", name)
+    inode = os.stat(copy).st_ino
     with open(local / "a" / "rnnmon" / name, "ab") as f:
         f.write(b"\0" * 7)
     fs.put_file(str(local / "a" / "rnnmon" / name), f"{root}/a/rnnmon/{name}")
     again.sync()
     assert again.downloaded == 1 and again.downloaded_bytes == os.path.getsize(local / "a" / "rnnmon" / name)
+    assert os.stat(copy).st_ino == inode, "a grown object is appended to its copy, as a live file grows"
+    assert os.path.getsize(copy) == os.path.getsize(local / "a" / "rnnmon" / name)
     fs.rm(f"{root}/b", recursive=True)
     again.sync()
     assert not os.listdir(os.path.join(tree, "b", "rnnmon"))
