@@ -299,7 +299,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._run_lock = RunLock(self.run_dir)
         self._run_lock.acquire()  # a second writer of this run: monitoring is off for this fit
         try:
-            self._writer = SummaryWriter(self.run_dir, *((self.segment_s, _SEGMENT_BYTES) if uploader else ()))
+            segments = {"segment_s": self.segment_s, "segment_bytes": _SEGMENT_BYTES} if uploader else {}
+            self._writer = SummaryWriter(self.run_dir, **segments)
         except BaseException:
             self._run_lock.release()
             raise

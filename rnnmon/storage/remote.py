@@ -65,10 +65,16 @@ def filesystem(url: str) -> tuple[Any, str]:
 
     GCS goes through gcsfs's JSON API file system (`gcsfs.core.GCSFileSystem`): rnnmon puts and gets whole small
     objects, which needs none of the gRPC client that gcsfs's default class first asks each bucket's type with."""
-    import fsspec
-    from fsspec.config import apply_config
-
     scheme = _URL.match(url).group(1).lower()
+    extra, library = ("s3", "s3fs") if scheme.startswith("s3") else ("gcs", "gcsfs")
+    try:
+        import fsspec
+        from fsspec.config import apply_config
+
+        __import__(library)
+    except ImportError as error:
+        raise ImportError(f"{scheme}:// log directories need {library}: pip install \"rnnmon[{extra}]\" "
+                          f"({error})") from None
     if scheme.startswith("s3"):
         fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, config_kwargs={
             "connect_timeout": TIMEOUT_S, "read_timeout": TIMEOUT_S, "retries": {"max_attempts": 2}})
