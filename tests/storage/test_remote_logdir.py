@@ -218,3 +218,40 @@ def test_workers_of_one_job_write_to_one_bucket_and_no_credential_appears_anywhe
     for secret in (SECRET, TOKEN):
         assert not any(secret in text for text in texts)
         assert not any(secret.encode() in blob for blob in blobs)
+
+
+BACKEND_WRITER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    import keras, rnnmon
+    from conftest import sequences, tiny_model
+
+    from rnnmon.storage import mirror, remote, uploader
+
+    remote.filesystem(sys.argv[1])  # fsspec and gcsfs / s3fs imported and built
+
+    x, y = sequences(10)
+    monitor = rnnmon.UtilizationMonitor(sys.argv[1], flush_secs=0.5, upload_interval_s=0.5, audit=False)
+    # (Keras's own data adapters import TensorFlow during the fit where it is installed; rnnmon's storage does not)
+    print("tensorflow imported:", "tensorflow" in sys.modules)
+    tiny_model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[monitor])
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "kind"), [("jax", "gs"), ("torch", "s3")])
+def test_jax_and_torch_fits_write_to_a_bucket_without_tensorflow(backend, kind, monkeypatch, tmp_path):
+    pytest.importorskip(backend)
+    with ObjectStore(kind) as server:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
+        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
+        server.make_bucket()
+        url = server.url("exp")
+        child = subprocess.run([sys.executable, "-c", BACKEND_WRITER, url, TESTS], capture_output=True, text=True,
+                               timeout=240, env=dict(os.environ, KERAS_BACKEND=backend))
+        assert child.returncode == 0, child.stderr[-3000:]
+        assert "tensorflow imported: False" in child.stdout, child.stdout
+        (run,) = build_report(url)["runs"]  # the exit waited for the last upload
+        assert run["steps"] == 10 and run["status"] == "finished" and run["backend"] == backend, run
