@@ -259,6 +259,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
                 unwrap_train_function(self.model)
             if self._sampler is not None:
                 self._sampler.close()  # frees its GPM samples
+            if self._uploader is not None:
+                self._uploader.close()  # uploads what was written, then ends
             self._nvml.shutdown()
 
     def _start(self) -> None:
@@ -304,7 +306,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         except BaseException:
             self._run_lock.release()
             raise
-        self._uploader = uploader
+        self._uploader = uploader  # (None for a local log_dir; a new one each fit)
         if uploader is not None:
             uploader.start()
         self._profile_noted = False

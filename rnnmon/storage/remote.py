@@ -60,22 +60,28 @@ def join(url: str, *parts: str) -> str:
     return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts if p and p != ".")])
 
 
+def require(url: str) -> None:
+    """Import what `url` needs (no request is made); ImportError naming the extra to install."""
+    scheme = _URL.match(url).group(1).lower()
+    extra, library = ("s3", "s3fs") if scheme.startswith("s3") else ("gcs", "gcsfs")
+    try:
+        __import__("fsspec")
+        __import__(library)
+    except ImportError as error:
+        raise ImportError(f"{scheme}:// log directories need {library}: pip install \"rnnmon[{extra}]\" "
+                          f"({error})") from None
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """(fsspec file system, path inside it) for `url`, with request deadlines, built anew (the environment of now).
 
     GCS goes through gcsfs's JSON API file system (`gcsfs.core.GCSFileSystem`): rnnmon puts and gets whole small
     objects, which needs none of the gRPC client that gcsfs's default class first asks each bucket's type with."""
-    scheme = _URL.match(url).group(1).lower()
-    extra, library = ("s3", "s3fs") if scheme.startswith("s3") else ("gcs", "gcsfs")
-    try:
-        import fsspec
-        from fsspec.config import apply_config
+    require(url)
+    import fsspec
+    from fsspec.config import apply_config
 
-        __import__(library)
-    except ImportError as error:
-        raise ImportError(f"{scheme}:// log directories need {library}: pip install \"rnnmon[{extra}]\" "
-                          f"({error})") from None
-    if scheme.startswith("s3"):
+    if _URL.match(url).group(1).lower().startswith("s3"):
         fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, config_kwargs={
             "connect_timeout": TIMEOUT_S, "read_timeout": TIMEOUT_S, "retries": {"max_attempts": 2}})
         fs.retries = 2  # s3fs's own retries (5 by default) on top of botocore's: the uploader retries anyway

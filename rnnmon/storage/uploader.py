@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 from rnnmon.storage import remote
 
@@ -44,7 +45,9 @@ class Uploader:
     def __init__(self, local_dir: str, url: str, interval_s: float = INTERVAL_S, poll_s: float = 1.0) -> None:
         self.local_dir, self.url, self.shown = local_dir, url, remote.redact(url)
         self.interval_s, self._poll_s = interval_s, poll_s
-        self._fs, self._root = remote.filesystem(url)
+        remote.require(url)  # a missing extra fails here, at the fit's start; the client is built on the thread
+        self._fs: Any = None  # (finding credentials may ask a metadata server: never on the training thread)
+        self._root = ""
         self._put: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime ns) last uploaded
         self._last_put: dict[str, float] = {}
         self._failing = False
@@ -104,6 +107,8 @@ class Uploader:
         """Upload what changed (and is due, unless `final`); False after a failure."""
         now = time.monotonic()
         try:
+            if self._fs is None:
+                self._fs, self._root = remote.filesystem(self.url)
             for rel, key in self._files():
                 if self._put.get(rel) == key:
                     continue

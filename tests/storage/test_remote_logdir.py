@@ -66,6 +66,15 @@ def test_urls_are_named_without_credentials_and_refused_with_them():
         assert "rnnmonSECRET" not in str(refused.value) and "bucket/exp1" in str(refused.value)
 
 
+def test_a_missing_extra_names_the_pip_install():
+    """Without gcsfs (its import blocked in a fresh interpreter, as when it is not installed)."""
+    code = ("import sys; sys.modules['gcsfs'] = None\n"
+            "from rnnmon.storage import remote\n"
+            "try:\n    remote.require('gs://bucket/exp1')\nexcept ImportError as error:\n    print(error)")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert 'gs:// log directories need gcsfs: pip install "rnnmon[gcs]"' in child.stdout, child
+
+
 @pytest.mark.slow
 def test_a_fit_writes_to_the_bucket_and_report_reads_it_back(store, tmp_path):
     """The run reaches the bucket, in segments, with every step; `rnnmon report URL` reads it; staging is emptied."""
