@@ -264,3 +264,44 @@ def test_jax_and_torch_fits_write_to_a_bucket_without_tensorflow(backend, kind, 
         assert "tensorflow imported: False" in child.stdout, child.stdout
         (run,) = build_report(url)["runs"]  # the exit waited for the last upload
         assert run["steps"] == 10 and run["status"] == "finished" and run["backend"] == backend, run
+
+
+@pytest.mark.slow
+def test_a_process_that_exits_with_the_store_down_names_what_stays_in_staging(monkeypatch, tmp_path):
+    """The S3 server is gone before the fit: the fit and the process end (the exit waits at most EXIT_WAIT_S for the
+    last upload), one warning names the staging folder, and the whole run is there; a later monitor of the same log
+    directory on this host uploads it once the store answers."""
+    from rnnmon.storage.uploader import EXIT_WAIT_S
+
+    with ObjectStore("s3") as server:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
+        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
+        server.make_bucket()
+        url = server.url("down")
+        server.stop()
+        started = time.monotonic()
+        child = subprocess.run([sys.executable, "-c", WRITER, url, TESTS, "10"], capture_output=True, text=True,
+                               timeout=240, env=os.environ)
+        assert child.returncode == 0, child.stderr[-3000:]
+        assert time.monotonic() - started < EXIT_WAIT_S + 60  # import and fit, plus the bounded wait
+        staging = remote.local_folder("staging", url)
+        warnings = [line for line in child.stderr.splitlines() if line.startswith("WARNING:rnnmon:")]
+        assert sum("cannot upload" in w for w in warnings) == 1, warnings
+        (kept,) = [w for w in warnings if "were not uploaded" in w]
+        assert os.path.join(staging, "rnnmon") in kept, kept
+        assert read_logdir_steps(staging) == 20
+        server.start()
+        x_monitor = rnnmon.UtilizationMonitor(url, flush_secs=0.5, upload_interval_s=0.5, audit=False)
+        tiny_model().fit(stalled_dataset(5), epochs=1, verbose=0, callbacks=[x_monitor])
+        report = _report_when(url, lambda r: len(r["runs"]) == 1 and r["runs"][0]["fits"] == 2)
+        (run,) = report["runs"]
+        assert run["steps"] == 25 and run["fits"] == 2, run  # the first process's 20 steps and this fit's 5
+
+
+def read_logdir_steps(logdir: str) -> int:
+    from rnnmon.format.reader import read_logdir
+
+    (data,) = read_logdir(logdir).values()
+    return len(data.steps)
