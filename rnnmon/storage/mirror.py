@@ -38,7 +38,8 @@ class Mirror:
         self.url, self.shown = url, remote.redact(url)
         self.folder = cache_dir or remote.local_folder("cache", url)
         self.tree = os.path.join(self.folder, "tree")
-        self._fs, self._root = remote.filesystem(url)
+        self._fs: Any = None  # built at the first sync (finding credentials may ask a metadata server)
+        self._root = ""
         self._lock = threading.Lock()
         self.downloaded = 0  # objects downloaded by the last sync
         self.downloaded_bytes = 0
@@ -51,6 +52,8 @@ class Mirror:
         Raises OSError (its message without credentials) when the store cannot be listed."""
         with self._lock:
             try:
+                if self._fs is None:
+                    self._fs, self._root = remote.filesystem(self.url)
                 self._fs.invalidate_cache()
                 listing = self._fs.find(self._root, detail=True, withdirs=False)
             except FileNotFoundError:

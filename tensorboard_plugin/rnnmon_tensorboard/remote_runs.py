@@ -42,7 +42,8 @@ class RemoteRuns:
         self.mirror = Mirror(url)
         self.tree = self.mirror.tree
         self._sync_s = sync_s or float(os.environ.get("RNNMON_SYNC_S") or SYNC_S)
-        self._multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 0})
+        # the listing only (runs, tags, newest step and time): the data is read from the mirror's files
+        self._multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"rnnmon": 1})
         self._provider = data_provider.MultiplexerDataProvider(self._multiplexer, self.tree)
         self.provider = _AfterFirstSync(self)
         self._synced = threading.Event()
