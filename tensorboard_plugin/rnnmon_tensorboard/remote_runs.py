@@ -50,21 +50,23 @@ class RemoteRuns:
         self._stop = threading.Event()
         self._failing = False
         self._thread = threading.Thread(target=self._run, name="rnnmon-mirror", daemon=True)
+        self._start_lock = threading.Lock()
+        self._started = False
 
     @classmethod
     def of(cls, logdir: str | None) -> RemoteRuns | None:
-        """The remote log directory `logdir` (or the one whose mirror `logdir` is), started; None where it is
-        local or not given."""
+        """The remote log directory `logdir` (or the one whose mirror `logdir` is); None where it is local or not
+        given. Its syncs start with the first use of its `provider`."""
         if logdir and logdir in _BY_TREE:
             return _BY_TREE[logdir]
-        if not remote.is_remote(logdir):
-            return None
-        runs = cls(logdir)
-        runs.start()
-        return runs
+        return cls(logdir) if remote.is_remote(logdir) else None
 
     def start(self) -> None:
-        self._thread.start()
+        """Start the background syncs (once)."""
+        with self._start_lock:
+            if not self._started:
+                self._started = True
+                self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -124,11 +126,13 @@ def readable_by_tensorboard(logdir: str) -> bool:
 
 
 class _AfterFirstSync:
-    """The mirror's data provider, each call made once the first sync has run (at most `FIRST_SYNC_WAIT_S`)."""
+    """The mirror's data provider: its first use starts the syncs; each call is made once the first sync has run
+    (waited for at most `FIRST_SYNC_WAIT_S`)."""
 
     def __init__(self, runs: RemoteRuns) -> None:
         self._runs = runs
 
     def __getattr__(self, name: str) -> Any:
+        self._runs.start()
         self._runs.wait_synced()
         return getattr(self._runs._provider, name)
