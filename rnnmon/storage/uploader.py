@@ -90,7 +90,7 @@ class Uploader:
                     self._cleanup()
                     self._done.set()
                     return
-                self._closing.wait(self._poll_s)
+                self._pause(self._poll_s)
                 continue
             if final and time.monotonic() + backoff > deadline:
                 LOG.warning("rnnmon: %d file(s) were not uploaded to %s; they are kept in %s (a later monitor of "
@@ -100,8 +100,17 @@ class Uploader:
             if final:
                 time.sleep(backoff)
             else:
-                self._closing.wait(backoff)
+                self._pause(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait `seconds`, or until `close()` or the end of the main thread (looked at every `poll_s`)."""
+        end = time.monotonic() + seconds
+        while not self._closing.is_set() and threading.main_thread().is_alive():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            self._closing.wait(min(left, self._poll_s))
 
     def _pass(self, final: bool) -> bool:
         """Upload what changed (and is due, unless `final`); False after a failure."""
