@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rnnmon", description="Why is my GPU idle? Per-step answers for Keras.")
     commands = parser.add_subparsers(dest="command", required=True)
     report = commands.add_parser("report", help="summarize every rnnmon run under LOGDIR")
-    report.add_argument("logdir")
+    report.add_argument("logdir", help="a folder, or gs://bucket/path or s3://bucket/path")
     report.add_argument("--json", action="store_true", help="print machine-readable JSON")
     report.add_argument("--gaps", choices=("longest", "all"), default="longest",
                         help="list the 20 longest idle gaps per run (default) or every one, in time order")
@@ -26,10 +26,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "report":
         from rnnmon.report import build_report, render_text
+        from rnnmon.storage.remote import CredentialsInURL
 
         try:
             result = build_report(args.logdir, all_gaps=args.gaps == "all")
-        except FileNotFoundError as error:
+        except (OSError, CredentialsInURL) as error:  # no such folder, a bucket that cannot be listed
             print(f"rnnmon: {error}", file=sys.stderr)
             return 2
         print(json.dumps(result, indent=2) if args.json else render_text(result, all_gaps=args.gaps == "all"))

@@ -60,6 +60,8 @@ from rnnmon.gpu.devices import (
 )
 from rnnmon.gpu.nvml import Nvml
 from rnnmon.gpu.sampler import Sampler
+from rnnmon.storage import remote
+from rnnmon.storage.uploader import Uploader
 
 LOG = logging.getLogger("rnnmon")
 NA = math.nan
@@ -67,6 +69,7 @@ _RUNNING: weakref.WeakSet[UtilizationMonitor] = weakref.WeakSet()  # monitors wh
 _FINISH_WAIT_S = 5.0  # the longest a fit's end waits for rnnmon's last write
 _HOOK_WAIT_S = 3.0  # then the longest it waits for the on_alert hook to take the last alerts
 _RETRY_AFTER_FIT_S = 600.0  # a final write the disk refused is retried this long in the background
+_SEGMENT_BYTES = 8 << 20  # a remote run's event file is finished at this size (or after `segment_s`)
 
 
 class UtilizationMonitor(keras.callbacks.Callback):
@@ -78,7 +81,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
     activity where GPM exists) and writes everything to `log_dir/rnnmon` every `flush_secs`.
 
     Args:
-        log_dir: The run's log directory; rnnmon writes to its `rnnmon` subdirectory.
+        log_dir: The run's log directory; rnnmon writes to its `rnnmon` subdirectory. A `gs://` or `s3://` URL
+            (needs `rnnmon[gcs]` or `rnnmon[s3]`) is written to a local staging folder and uploaded from there
+            in the background; see docs/storage.md.
         devices: "auto" (the GPUs the model computes on, found through CUDA's device UUIDs; a MIG device is
             watched as itself), "all", or a list of NVML indices. Defaults to "auto".
         sample_interval_s: Seconds between NVML polls. Defaults to `0.5`.
@@ -116,6 +121,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
         prometheus_job: The `job` label of every series. Defaults to `"rnnmon"`.
         prometheus_sd_dir: Also write a Prometheus `file_sd_configs` target file for the endpoint into this
             folder (removed when the endpoint closes). Defaults to `None`.
+        upload_interval_s: With a `gs://` or `s3://` log_dir, each changed file is uploaded at most once per this
+            many seconds (the growing event file's bounded rate). Defaults to `30.0`.
+        segment_s: With a `gs://` or `s3://` log_dir, a new event file is started after this many seconds (or at
+            8 MiB), so finished files are uploaded once and never change. Defaults to `300.0`.
 
     In multi-worker training (`TF_CONFIG`, torchrun's `RANK`/`WORLD_SIZE`, or JAX with several processes) each
     worker writes to its own run, `log_dir/worker-<index>/rnnmon` (`chief-0`, `ps-0`, ... by task type). Building
@@ -143,7 +152,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
                  watch_thresholds: bool = True, thresholds_root: str | None = None,
                  audit: bool = True, prometheus_port: int | None = None,
                  prometheus_addr: str = "127.0.0.1", prometheus_job: str = "rnnmon",
-                 prometheus_sd_dir: str | None = None) -> None:
+                 prometheus_sd_dir: str | None = None, upload_interval_s: float = 30.0,
+                 segment_s: float = 300.0) -> None:
         self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for copies
         super().__init__()
         _require(0.05 <= sample_interval_s <= 60, "sample_interval_s", sample_interval_s, "between 0.05 and 60")
@@ -155,7 +165,15 @@ class UtilizationMonitor(keras.callbacks.Callback):
             raise ValueError(f"devices must be 'auto', 'all' or a list of NVML indices. Received: devices={devices!r}")
         _require(prometheus_port is None or (isinstance(prometheus_port, int) and 0 <= prometheus_port < 65536),
                  "prometheus_port", prometheus_port, "None or a port number in [0, 65535]")
+        _require(upload_interval_s > 0, "upload_interval_s", upload_interval_s, "> 0")
+        _require(segment_s > 0, "segment_s", segment_s, "> 0")
         self.log_dir = log_dir
+        self.upload_interval_s, self.segment_s = upload_interval_s, segment_s
+        # gs:// and s3://: the run is written to a local staging folder and uploaded from there (rnnmon.storage)
+        if remote.is_remote(log_dir):
+            remote.check(log_dir)
+        self._staging = remote.local_folder("staging", log_dir) if remote.is_remote(log_dir) else None
+        self._uploader: Uploader | None = None
         self.worker = worker_name()  # from the environment only; JAX's process index is asked at the fit's start
         self.run_dir = self._run_dir(None)
         self.devices = devices
@@ -212,7 +230,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
     def _run_dir(self, trial: Trial | None) -> str:
         """`log_dir[/trial_<id>][/<worker>]/rnnmon`: the run a fit writes to."""
         parts = [*([trial.folder] if trial else []), *([self.worker] if self.worker else [])]
-        return os.path.join(self.log_dir, *parts, schema.RUN_SUBDIR)
+        return os.path.join(self._staging or self.log_dir, *parts, schema.RUN_SUBDIR)
 
     # --- fit lifecycle ---------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -220,7 +238,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         twin = next((m for m in _RUNNING if m is not self and m._scope.same_fit(scope)), None)
         if twin is not None:
             LOG.error("rnnmon: two UtilizationMonitors in one fit; the first (log_dir=%r) records it, this one "
-                      "(log_dir=%r) is off for this fit. Pass one monitor per fit.", twin.log_dir, self.log_dir)
+                      "(log_dir=%r) is off for this fit. Pass one monitor per fit.", remote.redact(twin.log_dir),
+                      remote.redact(self.log_dir))
             return
         for stale in [m for m in _RUNNING if m is self or m.model is self.model]:
             stale._finish("aborted")  # its fit raised before on_train_end
@@ -240,6 +259,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
                 unwrap_train_function(self.model)
             if self._sampler is not None:
                 self._sampler.close()  # frees its GPM samples
+            if self._uploader is not None:
+                self._uploader.close()  # uploads what was written, then ends
             self._nvml.shutdown()
 
     def _start(self) -> None:
@@ -274,16 +295,23 @@ class UtilizationMonitor(keras.callbacks.Callback):
             ordinals = model_cuda_ordinals(self.model, keras.backend.backend())
             self._sampler = sampler = Sampler(
                 self._nvml, select_devices(self._nvml, self.devices, model_ordinals=ordinals), self._clock)
+        uploader = None if self._staging is None else Uploader(  # before the lock: fsspec may be missing
+            self.run_dir, remote.join(self.log_dir, os.path.relpath(self.run_dir, self._staging)),
+            interval_s=self.upload_interval_s)
         self._run_lock = RunLock(self.run_dir)
         self._run_lock.acquire()  # a second writer of this run: monitoring is off for this fit
         try:
-            self._writer = SummaryWriter(self.run_dir)
+            segments = {"segment_s": self.segment_s, "segment_bytes": _SEGMENT_BYTES} if uploader else {}
+            self._writer = SummaryWriter(self.run_dir, **segments)
         except BaseException:
             self._run_lock.release()
             raise
+        self._uploader = uploader  # (None for a local log_dir; a new one each fit)
+        if uploader is not None:
+            uploader.start()
         self._profile_noted = False
         self._profile = ProfileCapture(self.run_dir, self.profile_steps_on_alert, self.model, self._on_profile)
-        self._alerting = Alerting(self.thresholds, log_dir=self.log_dir, writer=self._writer,
+        self._alerting = Alerting(self.thresholds, log_dir=self._staging or self.log_dir, writer=self._writer,
                                   wall_offset_s=self._wall_offset, on_alert=self.on_alert, on_fire=self._on_fire,
                                   amend=self._profile_note,
                                   on_change=self._on_thresholds_change, watch_file=self.watch_thresholds,
@@ -528,6 +556,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
                     written = self._writer.flush()
             self._writer.close()
             self._run_lock.release()
+            if self._uploader is not None:
+                self._uploader.close()  # its last pass runs in the background; the process's exit waits for it
             self._final_done.set()
 
     def _install_input_timing(self) -> str:

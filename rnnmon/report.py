@@ -20,6 +20,8 @@ from rnnmon.analysis.summary import gap_list, summarize
 from rnnmon.analysis.trials import compare_trials
 from rnnmon.analysis.verdict import label
 from rnnmon.format.reader import read_logdir
+from rnnmon.storage import remote
+from rnnmon.storage.mirror import Mirror
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
 
@@ -32,7 +34,14 @@ def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
     trials of each KerasTuner search (runs `trial_<id>/rnnmon`, see rnnmon.analysis.trials).
 
     A summary lists the longest idle gaps; with `all_gaps` its `idle_gaps` holds every gap, in time order.
+    `logdir` may be a `gs://` or `s3://` URL (docs/storage.md).
     """
+    if remote.is_remote(logdir):  # read through an on-disk mirror, downloading only new and changed objects
+        remote.check(logdir)
+        mirror = Mirror(logdir)
+        logdir = mirror.sync()  # OSError, without credentials, when the store cannot be listed
+        if not mirror.objects:
+            raise FileNotFoundError(f"no such log directory: {mirror.shown} (no objects under it)")
     if not os.path.isdir(logdir):
         raise FileNotFoundError(f"no such log directory: {logdir}")
     runs = read_logdir(logdir)

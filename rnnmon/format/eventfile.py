@@ -446,6 +446,13 @@ class EventFileAppender:
     def pending(self) -> int:
         return len(self._pending)
 
+    def size(self) -> int:
+        """Bytes written to the file so far (0 where it cannot be looked at)."""
+        try:
+            return os.fstat(self._file.fileno()).st_size
+        except (OSError, ValueError):
+            return 0
+
     def close(self) -> None:
         """Write what is queued (raising if that fails, with the file still open) and close the file."""
         if not self._file.closed:

@@ -12,6 +12,10 @@ record, and the unwritten events stay in memory (the newest 64 MiB) for the next
 recovery. A run folder deleted during the fit is recreated with a warning; the file starts again with every tag's
 metadata and the latest run description and findings, so readers can use what follows.
 
+With `segment_s` / `segment_bytes` (a log directory on object storage, `rnnmon.storage`), a new event file (a
+segment) is started after a flush once the current one is that old or that large; it too starts with every tag's
+metadata and the latest run description and findings, so each finished segment is whole and never changes again.
+
 Example:
     >>> writer = SummaryWriter("runs/exp1/rnnmon")
     >>> writer.table(STEPS_TAG, rows)          # float64 [n, 7]
@@ -45,12 +49,15 @@ _LATEST_WINS = (RUN_TAG, FINDINGS_TAG)  # tags whose latest value is the one rea
 class SummaryWriter:
     """Appends rnnmon tensors and scalars to one event file in `run_dir`."""
 
-    def __init__(self, run_dir: str, fmt: series.Format = series.FORMAT) -> None:
+    def __init__(self, run_dir: str, fmt: series.Format = series.FORMAT, *, segment_s: float | None = None,
+                 segment_bytes: int | None = None) -> None:
         self.run_dir = run_dir
         self.format = fmt  # the declarations written: each table's columns, storage and layout
         self._file = EventFileAppender(run_dir)
         self._file.add(_header())
         self._index = IndexWriter(self._file.path)  # the reading index beside the file (rnnmon.format.index)
+        self._segment_s, self._segment_bytes = segment_s, segment_bytes
+        self._segment_start = time.monotonic()
         self._sequence = 0
         self._metadata: dict[str, summary_pb2.SummaryMetadata] = {}
         self._in_file: set[str] = set()  # tags whose metadata the current file already carries
@@ -117,10 +124,22 @@ class SummaryWriter:
                 LOG.warning("rnnmon: writing to %s again; %s.", self.run_dir,
                             f"{self._file.dropped} records were dropped meanwhile" if self._file.dropped
                             else "nothing was lost")
+            if self._segment_due():
+                self._file.abandon()  # all written: the segment is finished
+                self._file = EventFileAppender(self.run_dir)
+                self._index = IndexWriter(self._file.path)
+                self._segment_start = time.monotonic()
+                self._start_file([])
             return True
+
+    def _segment_due(self) -> bool:
+        if self._segment_s is not None and time.monotonic() - self._segment_start >= self._segment_s:
+            return True
+        return self._segment_bytes is not None and self._file.size() >= self._segment_bytes
 
     def close(self) -> bool:
         """Flush and close the file; False when something could not be written (it is then dropped)."""
+        self._segment_s = self._segment_bytes = None  # the last file: no new segment after it
         written = self.flush()
         with self._lock:
             if not written:
@@ -132,7 +151,12 @@ class SummaryWriter:
     def _recreate(self) -> None:
         LOG.warning("rnnmon: %s was deleted during the fit; recreating it (what it held is lost).", self.run_dir)
         self._index.abandon("the run folder was recreated")
-        pending = [event_pb2.Event.FromString(record) for record in self._file.reopen()]
+        self._start_file(self._file.reopen())
+
+    def _start_file(self, records: list[bytes]) -> None:
+        """A new file's first records: the header, `records` not yet written, and the latest documents, each tag's
+        first value with its metadata."""
+        pending = [event_pb2.Event.FromString(record) for record in records]
         self._in_file.clear()
         self._file.add(_header())
         for event in [*(e for e in pending if not e.file_version),

@@ -2,17 +2,20 @@
 run sooner.
 
 With a local log directory the tab reads the runs' own event files (see `run_files`), so TensorBoard's own
-sampling does not limit it. Otherwise (gs://, s3://, `--logdir_spec`) it reads through the data provider, and
+sampling does not limit it; so with `gs://` and `s3://`, read from a local mirror. Otherwise (`--logdir_spec`,
+other remote schemes) it reads through the data provider, and
 TensorBoard keeps 10 tensor samples per tag (Python loader) or 100 (Rust data server) for plugins it does not
 know; rnnmon writes a chunk every 2 s, so a long run would lose data. `fix_flags` runs before the data ingester
 is built, so there it sets `--samples_per_plugin rnnmon=0` ("all") unless the user chose a value for rnnmon.
+A `gs://` or `s3://` log directory whose scheme TensorBoard cannot read is replaced by rnnmon's local mirror of it
+(see `remote_runs`).
 
 TensorBoard rereads the log directory every `--reload_interval` seconds (5 by default), which alone puts up to
 5 s between a step and the tab; with TensorBoard's default, `fix_flags` sets 2 s (the rnnmon writer's own
 interval). Reloads read only what is new; any other value the user passes is kept.
 
 Example:
-    >>> flags = argparse.Namespace(logdir="gs://bucket/runs", samples_per_plugin={"images": 50})
+    >>> flags = argparse.Namespace(logdir="hdfs://namenode/runs", samples_per_plugin={"images": 50})
     >>> RnnmonLoader().fix_flags(flags)
     >>> flags.samples_per_plugin
     {'images': 50, 'rnnmon': 0}
@@ -26,7 +29,9 @@ import logging
 from tensorboard.plugins import base_plugin
 
 from rnnmon.format.schema import PLUGIN_NAME
+from rnnmon.storage import remote
 
+from .remote_runs import mirror_logdir
 from .run_files import reads_files
 
 KEEP_ALL = 0  # a sample count of 0 keeps every sample, in both loaders
@@ -45,9 +50,15 @@ class RnnmonLoader(base_plugin.TBLoader):
 
     def fix_flags(self, flags: argparse.Namespace) -> None:
         samples = dict(getattr(flags, "samples_per_plugin", None) or {})
-        if not reads_files(getattr(flags, "logdir", None)):  # the tab reads through the data provider
+        logdir = getattr(flags, "logdir", None)
+        if not reads_files(logdir) and not remote.is_remote(logdir):  # the tab reads through the data provider
             samples.setdefault(PLUGIN_NAME, KEEP_ALL)
         flags.samples_per_plugin = samples
+        mirror = mirror_logdir(getattr(flags, "logdir", None) or "")
+        if mirror is not None:  # a scheme TensorBoard cannot read (s3:// without tensorflow-io): read the mirror
+            LOG.warning("rnnmon: TensorBoard cannot read %s itself; it reads rnnmon's local mirror of it, %s, "
+                        "updated every few seconds.", remote.redact(flags.logdir), mirror)
+            flags.logdir = mirror
         if getattr(flags, "reload_interval", None) == TENSORBOARD_RELOAD_S:
             flags.reload_interval = LIVE_RELOAD_S
 

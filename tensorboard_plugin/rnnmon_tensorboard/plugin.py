@@ -4,9 +4,11 @@ Routes are thin; the work is in the `*_impl` methods, which return plain data. W
 run's own event files are read through rnnmon's reader (only new bytes, checksums checked, values checked before
 they are expanded; see `run_files`), and a live run's reader and timeline index are kept and extended at each
 change; otherwise run data comes through TensorBoard's data provider, so the Rust data server and the Python
-loader both work. TensorBoard's data provider always says which runs exist. The one write is
-`POST /thresholds`, which saves the thresholds file at the log directory's root (see `thresholds_store`); it
-takes JSON only, with a header a cross-site form cannot send, the version of the file it edits, and a small body.
+loader both work. TensorBoard's data provider always says which runs exist. A `gs://` or `s3://` log directory is
+mirrored into a local cache and read as a local one, its runs listed by a provider over the mirror (`remote_runs`).
+The one write is `POST /thresholds`, which saves the thresholds file at the log directory's root (see
+`thresholds_store`); it takes JSON only, with a header a cross-site form cannot send, the version of the file it
+edits, and a small body.
 See `http_api.md`.
 
 Example:
@@ -48,6 +50,7 @@ from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
 
 from .indexed_timeline import IndexedTimeline
 from .read_ahead import ReadAhead
+from .remote_runs import RemoteRuns
 from .run_files import LocalRuns
 from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore
 from .timeline import TimelineIndex, array_bytes
@@ -157,10 +160,15 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self._live: dict[tuple[str, str], _LiveRun] = {}  # running runs: decoded chunks, kept across versions
         self._lock = threading.Lock()
         self._local = LocalRuns.of(context.logdir)  # None: read through the data provider
+        self._remote = RemoteRuns.of(context.logdir)  # gs://, s3://: read through a local mirror, as local runs
+        if self._remote is not None:
+            if context.logdir != self._remote.tree:  # TensorBoard reads the URL itself: the runs listed from the mirror
+                self._data_provider = self._remote.provider
+            self._local = LocalRuns(self._remote.tree)
         self._descriptions: dict[tuple[str, str], _Described] = {}  # local runs, for /runs
         self._descriptions_lock = threading.Lock()  # held only to find or add a run's entry, never while reading
         self._plotly_gz: bytes | None = None
-        self._thresholds = ThresholdsStore(context.logdir)
+        self._thresholds = ThresholdsStore(self._remote.shown if self._remote else context.logdir)
         self._read_ahead_runs, self._read_ahead_bytes = read_ahead_runs, read_ahead_bytes
         self._live_window_s = live_window_s
         self.read_ahead = ReadAhead()  # reads runs /runs listed before the tab asks for them (local log directories)
@@ -181,7 +189,9 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         }
 
     def is_active(self) -> bool:
-        return False  # only asked when the provider lists no rnnmon data (see `data_plugin_names`)
+        # only asked when TensorBoard's provider lists no rnnmon data (see `data_plugin_names`): a remote log
+        # directory is read by the tab itself
+        return self._remote is not None
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="RNN Monitor")

