@@ -101,7 +101,7 @@ def logdir(tmp_path_factory):
                    capture_output=True, timeout=180)
     start = time.time() - 200.0
     write_gpu_run(str(root / GPU_RUN / "rnnmon"), 40, gpus=2, dip_at=100, start=start, info={"profile": PROFILE})
-    (written,) = (root / GPU_RUN / "rnnmon").iterdir()
+    (written,) = (root / GPU_RUN / "rnnmon").glob("*tfevents*")
     shutil.copyfile(written, f"{written}.copy")  # a copy beside it: counted once, and the card notes it
     _write_alerts(str(root / GPU_RUN / "rnnmon"), start, GPU_RUN_ALERTS)
     write_unreadable_run(str(root / "unreadable" / "rnnmon"))
