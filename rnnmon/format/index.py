@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from rnnmon.format import packing, schema
+from rnnmon.format.digest_file import DigestWriter
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
 from rnnmon.format.reader import TAIL_GRACE_S, InvalidRecord, Stored, by_name, decode_chunks, raw_value, stored_as
 
@@ -318,6 +319,7 @@ class IndexWriter:
         self._sizes: dict[str, int] = {}
         self._builder = IndexBuilder(lambda name, records: self._buffers.setdefault(name, []).append(
             records.tobytes()))
+        self._digest = DigestWriter(self.folder)  # the summary's digest records (rnnmon.format.digest_file)
         self.abandoned = False
 
     def table(self, tag: str, rows: np.ndarray, packed: bytes | None, step: int,
@@ -355,12 +357,14 @@ class IndexWriter:
                 self.abandon("a chunk's event was not located")
                 return
             self._builder.add(tag, rows, step, *self._where[step])
+            self._digest.add(tag, rows, *self._where[step])
         self._where.clear()
         try:
             os.makedirs(self.folder, exist_ok=True)
             # `dir.*` first: should a later file fail, readers read from the chunks what its records lack
             for name, parts in sorted(self._buffers.items()):
                 self._append(name, b"".join(parts))
+            self._digest.flush()  # after the chunk directory that names what it covers
         except OSError as error:
             self.abandon(f"cannot write it ({error.strerror or error})")
         self._buffers.clear()
