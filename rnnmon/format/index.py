@@ -54,6 +54,7 @@ BLOCK = 64  # rows per level-0 record
 FAN = 16  # level-k records per level-k+1 record
 SCAN_BYTES = 1 << 20  # event bytes indexed in memory at a time (a run without an index): ~4 MB of rows at once
 DRAWN_TAGS = (schema.STEPS_TAG, schema.PHASES_TAG, schema.GAPS_TAG)  # and the util and stats tags of every GPU
+DOCUMENTS = "dir.docs"  # the events holding a document or phases (a summary reads them; `FileIndex` does not)
 _SM = schema.STAT_COLUMNS.index("sm_activity_pct")
 _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
 
@@ -320,6 +321,7 @@ class IndexWriter:
         self._builder = IndexBuilder(lambda name, records: self._buffers.setdefault(name, []).append(
             records.tobytes()))
         self._digest = DigestWriter(self.folder)  # the summary's digest records (rnnmon.format.digest_file)
+        self._documents: dict[int, None] = {}  # steps of staged events holding a document
         self.abandoned = False
 
     def table(self, tag: str, rows: np.ndarray, packed: bytes | None, step: int,
@@ -343,6 +345,11 @@ class IndexWriter:
             return
         self._staged.append((tag, rows, step))
 
+    def document(self, step: int) -> None:
+        """The event at `step` holds a document (run description, findings, alerts, shapes): `dir.docs` lists it."""
+        if not self.abandoned:
+            self._documents[step] = None
+
     def located(self, step: int, offset: int, length: int) -> None:
         if not self.abandoned:
             self._where[step] = (offset, length)
@@ -352,12 +359,23 @@ class IndexWriter:
         if self.abandoned:
             return
         staged, self._staged = self._staged, []
+        documents, self._documents = self._documents, {}
         for tag, rows, step in staged:
             if step not in self._where:
                 self.abandon("a chunk's event was not located")
                 return
             self._builder.add(tag, rows, step, *self._where[step])
             self._digest.add(tag, rows, *self._where[step])
+            if tag == schema.PHASES_TAG:
+                documents[step] = None
+        if documents:
+            if not set(documents) <= set(self._where):
+                self.abandon("a document's event was not located")
+                return
+            entries = np.zeros(len(documents), dtype=DIRECTORY)
+            entries["step"] = sorted(documents)
+            entries["offset"], entries["length"] = zip(*(self._where[step] for step in sorted(documents)))
+            self._buffers.setdefault(DOCUMENTS, []).append(seal(entries).tobytes())
         self._where.clear()
         try:
             os.makedirs(self.folder, exist_ok=True)
@@ -388,7 +406,7 @@ class IndexWriter:
             self.abandoned = True
             LOG.warning("rnnmon: the reading index in %s stops here (%s); readers read the rest from the event "
                         "file.", self.folder, why)
-        self._staged, self._buffers = [], {}
+        self._staged, self._buffers, self._documents = [], {}, {}
         self._where.clear()
 
 

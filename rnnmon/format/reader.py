@@ -219,17 +219,29 @@ class RunReader:
         from tensorboard.compat.proto import event_pb2
 
         for name, records in self._scan(run_dir, self._cursors):
-            for record in records:
-                if self._marks is not None and not any(mark in record for mark in self._marks):
-                    continue  # cannot hold a wanted tag: not even parsed
-                try:
-                    event = event_pb2.Event.FromString(record)
-                except DecodeError:
-                    self._error(f"{name}: a checksummed record that is not an event")
-                    continue
-                if event.HasField("summary"):
-                    self._add_file_event(name, event)
+            self._add_records(name, records, event_pb2.Event, DecodeError)
         return self._commit()
+
+    def update_from_records(self, name: str, records: list[bytes]) -> RunData:
+        """Add whole, checked records of event file `name` read by the caller (the events a reading index lists,
+        or those after a digest: `rnnmon.format.digest_read`)."""
+        from google.protobuf.message import DecodeError
+        from tensorboard.compat.proto import event_pb2
+
+        self._add_records(name, records, event_pb2.Event, DecodeError)
+        return self._commit()
+
+    def _add_records(self, name: str, records: list[bytes], event_type: Any, decode_error: Any) -> None:
+        for record in records:
+            if self._marks is not None and not any(mark in record for mark in self._marks):
+                continue  # cannot hold a wanted tag: not even parsed
+            try:
+                event = event_type.FromString(record)
+            except decode_error:
+                self._error(f"{name}: a checksummed record that is not an event")
+                continue
+            if event.HasField("summary"):
+                self._add_file_event(name, event)
 
     def check_files(self, run_dir: str) -> list[str]:
         """Walk the new bytes of the run's event files for damage (checksums, truncation) without decoding.
@@ -556,7 +568,8 @@ def read_logdir(logdir: str, runs: list[str] | None = None, digest: bool = False
 
             summarized = read_run(run_dir, run)
             if summarized is not None:
-                if summarized.info or summarized.errors or summarized.notes or summarized.digest.steps.rows:
+                if (summarized.info or summarized.errors or summarized.notes or len(summarized.steps)
+                        or (summarized.digest is not None and summarized.digest.steps.rows)):
                     result[run] = summarized
                 continue
         reader = RunReader(run)

@@ -46,7 +46,7 @@ from rnnmon.analysis import verdict
 from rnnmon.analysis.stragglers import compare_workers, worker_of, worker_order
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
-from rnnmon.format.digest_read import DOCUMENT_TAGS, read_run
+from rnnmon.format.digest_read import read_run
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
 
 from .indexed_timeline import IndexedTimeline
@@ -111,10 +111,9 @@ class _Indexed:
 
 @dataclasses.dataclass
 class _Digested:
-    """A large local run's summary from its digest, the version of its files it was built from, and the reader of
-    its documents (kept: a new version reads only new bytes); `lock` is held while it reads."""
+    """A large local run's summary from its digest and the version of its files it was built from; `lock` is held
+    while it reads."""
 
-    documents: RunReader
     version: Any = None
     summary: dict[str, Any] | None = None
     errors: list[str] = dataclasses.field(default_factory=list)
@@ -376,21 +375,20 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                              ("summary",) if indexed else DERIVED)  # its timeline comes from its index
 
     def _digested_summary(self, ctx: Any, experiment: str, run: str, run_dir: str) -> dict[str, Any] | None:
-        """The summary of this version of `run`'s files from its digest; None where a file has no index. Its
-        documents' reader is kept, so a new version reads only new bytes of them."""
+        """The summary of this version of `run`'s files from its digest; None where a file has no index."""
         listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME,
                                                    run_tag_filter=tb_provider.RunTagFilter(runs=[run]))
         if not listing.get(run):
             raise errors.NotFoundError(f"No rnnmon data for run {run!r}")
         key, version = (experiment, run), LocalRuns.version(run_dir)
         with self._lock:
-            entry = self._digested.pop(key, None) or _Digested(RunReader(run, tags=DOCUMENT_TAGS))
+            entry = self._digested.pop(key, None) or _Digested()
             self._digested[key] = entry  # the most recently asked last
             while len(self._digested) > CACHE_RUNS:
                 self._digested.popitem(last=False)
         with entry.lock:
             if entry.version != version:
-                data = read_run(run_dir, run, entry.documents)
+                data = read_run(run_dir, run)
                 if data is None:
                     return None
                 entry.version, entry.errors = version, list(data.errors)
