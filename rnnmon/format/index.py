@@ -15,6 +15,8 @@ bytes, so a reader finds a record by its number and drops a torn last one:
   one-sample spike is an extreme of its record at every level, so it is always drawn.
 - `gaps.d<D>.c<C>.L<k>`, `phases.k<K>.L<k>`: interval coverage of one group (device and cause, phase kind): per
   record of `BLOCK` intervals (or `FAN` records), their count, first start, last start, last end and covered seconds.
+- `dir.docs`: the events holding a document or phases (`rows` 0, times 0), and `digest`: the run digest's records
+  (`rnnmon.format.digest_file`); a summary reads these (`rnnmon.format.digest_read`), `FileIndex` does not.
 
 Rows a writer has not closed a level-0 record for yet (fewer than `BLOCK` per series) are read from the event file
 through `dir.*`. A reader (`FileIndex`) takes the index as far as it goes, then the event file's bytes after the last

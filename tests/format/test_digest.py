@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rnnmon.analysis.summary import summarize
-from rnnmon.format import digest, digest_file, schema
+from rnnmon.format import digest, digest_file, index, schema
 from rnnmon.format.digest_read import read_run
 from rnnmon.format.reader import read_logdir
 from tests.synthetic_runs import write_gpu_run
@@ -119,6 +119,22 @@ def test_a_digest_record_that_fails_its_checksum_is_set_aside_and_the_data_wins(
     assert from_digest == whole
 
 
+def test_a_listed_document_event_that_is_not_there_is_set_aside_and_the_data_wins(long_run, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(long_run, copy)
+    run_dir = os.path.join(copy, "run", "rnnmon")
+    (folder,) = glob.glob(os.path.join(run_dir, "rnnmon-index", "*"))
+    path = os.path.join(folder, index.DOCUMENTS)
+    entries = np.fromfile(path, dtype=index.DIRECTORY)
+    assert len(entries) >= 2  # the run description at its start, the phases and description at its end
+    entries["offset"][0] += 3  # checksums intact: the listed event is not where it says
+    index.seal(entries).tofile(path)
+    from_digest, whole = _summaries(copy)
+    assert any("no whole event" in note for note in from_digest["notes"])
+    from_digest["notes"] = [n for n in from_digest["notes"] if "digest" not in n]
+    assert from_digest == whole
+
+
 def test_a_torn_last_digest_record_is_left_to_the_tail(long_run, tmp_path):
     copy = str(tmp_path / "copy")
     shutil.copytree(long_run, copy)
@@ -128,7 +144,7 @@ def test_a_torn_last_digest_record_is_left_to_the_tail(long_run, tmp_path):
     assert from_digest == whole and not from_digest["notes"]
 
 
-@pytest.mark.parametrize("lost", ["digest", "index"])
+@pytest.mark.parametrize("lost", ["digest", "docs", "index"])
 def test_a_run_without_digest_records_or_index_still_summarizes(tmp_path, lost):
     run_dir = str(tmp_path / "run" / "rnnmon")
     write_gpu_run(run_dir, 40, profile_at=3.0)
@@ -136,6 +152,8 @@ def test_a_run_without_digest_records_or_index_still_summarizes(tmp_path, lost):
     if lost == "index":
         shutil.rmtree(os.path.join(run_dir, "rnnmon-index"))
         assert read_run(run_dir, "run/rnnmon") is None  # read whole
+    elif lost == "docs":  # an index written before `dir.docs`: the documents are scanned for
+        os.remove(os.path.join(folder, index.DOCUMENTS))
     else:
         assert not os.path.exists(os.path.join(folder, digest_file.DIGEST_FILE))  # fewer steps than a record
     from_digest, whole = _summaries(str(tmp_path))
