@@ -27,8 +27,8 @@ from rnnmon.format import schema
 from rnnmon.format.digest import RunDigest
 from rnnmon.format.digest_file import DigestMismatch, digested, read_records
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
-from rnnmon.format.index import DIRECTORY, DOCUMENTS, devices_in, index_folder, intact
-from rnnmon.format.reader import TAIL_GRACE_S, RunData, RunReader, decode_chunks
+from rnnmon.format.index import DIRECTORY, DOCUMENTS, FileIndex, devices_in, index_folder, intact
+from rnnmon.format.reader import TAIL_GRACE_S, RunData, RunReader, Stored, decode_chunks, stored_as
 
 DOCUMENT_TAGS = frozenset({schema.RUN_TAG, schema.FINDINGS_TAG, schema.ALERTS_TAG, schema.SHAPES_TAG,
                            schema.PHASES_TAG})
@@ -89,6 +89,8 @@ def _tail(event_path: str, through: int, digest: RunDigest, documents: RunReader
 
     cursor, more = RecordCursor(through), True
     name = os.path.basename(event_path)
+    head = FileIndex(event_path)  # how the file describes each table: its first values' metadata
+    described: dict[str, Stored] = {}
     while more:
         scan = cursor.scan(event_path)
         more = scan.more
@@ -111,8 +113,11 @@ def _tail(event_path: str, through: int, digest: RunDigest, documents: RunReader
             for value in event.summary.value:
                 if digested(value.tag):
                     staged.setdefault(value.tag, []).append(value.tensor)
+                    if value.HasField("metadata") and value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME:
+                        described[value.tag] = stored_as(
+                            value.tag, schema.parse_content(value.metadata.plugin_data.content))
         for tag, tensors in staged.items():
-            rows, _, _, failed = decode_chunks(tag, tensors)
+            rows, _, _, failed = decode_chunks(tag, tensors, described.get(tag) or head.stored(tag))
             errors += [f"{tag}: {error}" for _, error in failed]
             digest.add(tag, rows)
 
