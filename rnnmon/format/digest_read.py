@@ -5,9 +5,10 @@ run's large tables.
 before it: a scan that parses only the events holding them), merges each event file's digest records
 (`rnnmon.format.digest_file`), and adds the tables and documents of the events after the last record's `through`,
 scanned from that byte on: its cost is the records, the listed events and the tail, not the run's rows. Where a
-file has no index, `read_run` returns None (the caller reads the run whole); where a digest disagrees with the data
-(a checksum, a `through` that is not an event's end or past the file, step or gap counts the index's chunk
-directory does not hold, a listed event that is not whole), the run is read whole, with a note: the data wins.
+file has no index, or two files' steps overlap in time, `read_run` returns None (the caller reads the run whole);
+where a digest disagrees with the data (a checksum, a `through` that is not an event's end or past the file, step
+or gap counts the index's chunk directory does not hold, a listed event that is not whole), the run is read whole,
+with a note: the data wins.
 
 Example:
     >>> data = read_run("runs/exp1/rnnmon", "exp1/rnnmon")   # None: no index; read the run whole
@@ -16,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import time
@@ -122,6 +124,23 @@ def _tail(event_path: str, through: int, digest: RunDigest, documents: RunReader
             digest.add(tag, rows)
 
 
+def _overlapping(paths: list[str]) -> bool:
+    """Event files whose steps overlap in time (writers in one folder before rnnmon's writer lock): their digests
+    cannot be merged in file order, so the run is read whole (segments of one writer follow each other)."""
+    spans = []
+    for path in paths:
+        name = os.path.join(index_folder(path), "dir.steps")
+        size = os.path.getsize(name) if os.path.isfile(name) else 0
+        if size >= DIRECTORY.itemsize:
+            with open(name, "rb") as file:
+                first = np.frombuffer(file.read(DIRECTORY.itemsize), dtype=DIRECTORY)[0]
+                file.seek((size // DIRECTORY.itemsize - 1) * DIRECTORY.itemsize)
+                last = np.frombuffer(file.read(DIRECTORY.itemsize), dtype=DIRECTORY)[0]
+            spans.append((float(first["t_first"]), float(last["t_last"])))
+    spans.sort()
+    return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
+
+
 def read_run(run_dir: str, run: str) -> RunData | None:
     """`run` for a summary: its documents and phases (the events `dir.docs` lists, then those after the digest),
     its large tables as a digest (`RunData.digest`); None where an event file has no index (read the run whole)."""
@@ -130,7 +149,7 @@ def read_run(run_dir: str, run: str) -> RunData | None:
     except OSError:
         return None
     paths = [os.path.join(run_dir, n) for n in names]
-    if not paths or not all(os.path.isdir(index_folder(p)) for p in paths):
+    if not paths or not all(os.path.isdir(index_folder(p)) for p in paths) or _overlapping(paths):
         return None
     digest, errors, devices = RunDigest(), [], {}
     documents = RunReader(run, tags=DOCUMENT_TAGS)

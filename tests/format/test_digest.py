@@ -16,7 +16,7 @@ from rnnmon.analysis.summary import summarize
 from rnnmon.format import digest, digest_file, index, schema
 from rnnmon.format.digest_read import read_run
 from rnnmon.format.reader import read_logdir
-from tests.synthetic_runs import write_gpu_run
+from tests.synthetic_runs import write_gpu_run, write_writers
 
 LONG_STEPS = 200_000  # three digest records and a tail
 
@@ -178,3 +178,10 @@ def test_a_digest_survives_its_bytes_and_merges_in_order():
         assert figures[key] == pytest.approx(exact[key], rel=1e-12)
     assert figures["cache_fill"]["steps"] == exact["cache_fill"]["steps"]
     assert figures["time_s"]["fit"] == pytest.approx(exact["time_s"]["fit"], abs=1e-4)
+
+
+def test_writers_whose_files_overlap_are_read_whole_and_summarized_as_before(tmp_path):
+    write_writers(str(tmp_path / "run" / "rnnmon"), 2, 60, 10)  # two processes in one folder, chunks interleaved
+    assert read_run(str(tmp_path / "run" / "rnnmon"), "run/rnnmon") is None
+    from_digest, whole = _summaries(str(tmp_path))
+    assert from_digest == whole and whole["steps"] == 120
