@@ -2,7 +2,7 @@
 and read whole, side by side: the TensorBoard Python process's CPU seconds and wall seconds for the first request,
 its resident memory when idle and the peak during that request (VmHWM reset before it through
 /proc/PID/clear_refs), then a cached request, a zoom to 1% of the run, the first `/runs` (CPU, peak), and with
-`--summary` the first `/summary` (which still reads the run whole).
+`--summary` the first `/summary` (from the run's digest where it has an index, see rnnmon.format.digest_read).
 
 Each LOGDIR holds one run (`rnnmon`, as benchmarks/synthetic_run.py writes it: LOGDIR/rnnmon). Modes: "default"
 (runs with 4 MiB of event files or more are drawn from their index, shorter ones read whole); "index" (every run
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logdirs", nargs="+")
     parser.add_argument("--modes", nargs="+", choices=sorted(FLAGS), default=["index", "whole"])
-    parser.add_argument("--summary", action="store_true", help="then /summary (reads the run whole)")
+    parser.add_argument("--summary", action="store_true", help="then the first /summary")
     args = parser.parse_args(argv)
     for logdir in args.logdirs:
         for mode in args.modes:

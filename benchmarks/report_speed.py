@@ -1,4 +1,4 @@
-"""How long `rnnmon report --json` takes, and its peak memory, on synthetic runs of 10k and 1M steps.
+"""How long `rnnmon report --json` takes, and its peak memory, on synthetic runs of 10k and 1M steps (`--steps`).
 
 Each report runs in a fresh interpreter (`python -m rnnmon.cli report DIR --json`), as a user runs it; the
 time is the subprocess's wall time (interpreter start included), with its CPU time beside it because a loaded
@@ -9,6 +9,7 @@ the page cache. The runs come from benchmarks/synthetic_run.py and are kept in `
 
 Usage:
     python benchmarks/report_speed.py [--cache /tmp/rnnmon-report-runs] [--repeats 3] [--kinds input gpu]
+        [--steps 10000 1000000 10000000]
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default="/tmp/rnnmon-report-runs")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", nargs="+", default=["input", "gpu"])
+    parser.add_argument("--steps", nargs="+", type=int, default=[10_000, 1_000_000])
     args = parser.parse_args(argv)
     from synthetic_run import write_run
 
     results = {}
     for kind in args.kinds:
-        for steps in (10_000, 1_000_000):
+        for steps in args.steps:
             logdir = os.path.join(args.cache, f"{kind}-{steps}")
             run_dir = os.path.join(logdir, "run", "rnnmon")
             if not os.path.isdir(run_dir):

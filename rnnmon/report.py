@@ -1,7 +1,8 @@
 """`rnnmon report`: every run with rnnmon data under a log directory, as a table or as JSON.
 
-Runs are read from their event files by `rnnmon.format.reader.read_logdir`: no TensorFlow is imported. Names and
-messages come from files anyone could have written, so the text report shows control characters escaped.
+Runs are read from their event files by `rnnmon.format.reader.read_logdir`: no TensorFlow is imported; a run with a
+reading index is read through its digest (`rnnmon.format.digest_read`), so its cost does not grow with its steps.
+Names and messages come from files anyone could have written, so the text report shows control characters escaped.
 
 Example:
     >>> print(render_text(build_report("runs")))
@@ -44,7 +45,7 @@ def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
             raise FileNotFoundError(f"no such log directory: {mirror.shown} (no objects under it)")
     if not os.path.isdir(logdir):
         raise FileNotFoundError(f"no such log directory: {logdir}")
-    runs = read_logdir(logdir)
+    runs = read_logdir(logdir, digest=not all_gaps)  # a summary reads an indexed run's digest, not its tables
     summaries = []
     for name in sorted(runs):
         summary = summarize(runs[name])

@@ -7,9 +7,9 @@ interrupted fit and its re-run in one `log_dir` give the true time per step; a f
 latest fit's seconds over all the run's steps.
 
 Example:
-    >>> callback_ms_per_step(run)
+    >>> callback_ms_per_step(run, len(run.steps))
     {'Sleeper': 50.21, 'History': 0.0021}
-    >>> callback_hooks_s(run)                 # the same time in seconds, summed over the fits
+    >>> callback_hooks_s(run, len(run.steps))               # the same time in seconds, summed over the fits
     {'Sleeper': 15.063, 'History': 0.0006}
 """
 
@@ -20,24 +20,25 @@ from typing import Any
 from rnnmon.format.reader import RunData
 
 
-def callback_ms_per_step(run: RunData) -> dict[str, float]:
-    """Milliseconds per step in each callback class's batch hooks; {} where no fit timed them."""
-    seconds, steps = _totals(run)
+def callback_ms_per_step(run: RunData, step_rows: int) -> dict[str, float]:
+    """Milliseconds per step in each callback class's batch hooks; {} where no fit timed them (`step_rows`: the
+    run's step records, for fits that did not say how many steps they timed)."""
+    seconds, steps = _totals(run, step_rows)
     return {name: round(1e3 * total / max(steps, 1), 4) for name, total in seconds.items()}
 
 
-def callback_hooks_s(run: RunData) -> dict[str, float]:
+def callback_hooks_s(run: RunData, step_rows: int) -> dict[str, float]:
     """Seconds in each callback class's batch hooks, summed over the fits that timed them; {} where none did."""
-    return {name: round(total, 4) for name, total in _totals(run)[0].items()}
+    return {name: round(total, 4) for name, total in _totals(run, step_rows)[0].items()}
 
 
-def _totals(run: RunData) -> tuple[dict[str, float], int]:
+def _totals(run: RunData, step_rows: int) -> tuple[dict[str, float], int]:
     """Seconds per callback class over the fits that timed them, and the steps that time covers."""
     timed = [info for info in run.fit_infos if isinstance(info.get("callback_hooks_s"), dict)]
     if all("callback_steps" in info for info in timed):
         steps = sum(info["callback_steps"] for info in timed)
     else:
-        timed, steps = timed[-1:], len(run.steps)
+        timed, steps = timed[-1:], step_rows
     totals: dict[str, float] = {}
     for info in timed:
         for name, seconds in _numbers(info["callback_hooks_s"]).items():

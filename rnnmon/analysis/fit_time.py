@@ -98,14 +98,14 @@ def _new_shape(begin: np.ndarray, shapes: list[dict[str, Any]]) -> np.ndarray:
     return found
 
 
-def _slow(duration: np.ndarray, batches: np.ndarray, wait_beyond_s: np.ndarray,
-          new_shape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each step's time beyond the median step of its batches, and its cause: "recompile", "input", "unknown", or
-    "" for a step that is not slow."""
+def _slow(duration: np.ndarray, batches: np.ndarray, wait_beyond_s: np.ndarray, new_shape: np.ndarray,
+          median_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's time beyond the median step of its batches (`median_s` per batch, or these steps' median), and
+    its cause: "recompile", "input", "unknown", or "" for a step that is not slow."""
     cause = np.full(len(duration), "", dtype=object)
     if not len(duration):
         return np.zeros(0), cause
-    expected = float(np.median(duration / batches)) * batches
+    expected = (float(np.median(duration / batches)) if median_s is None else median_s) * batches
     excess = duration - expected
     recompiled = (new_shape >= 0) & (duration >= RECOMPILE_FACTOR * expected) & (excess >= RECOMPILE_MIN_S)
     slow = ~recompiled & (duration >= SLOW_FACTOR * expected) & (excess >= SLOW_MIN_S)

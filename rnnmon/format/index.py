@@ -15,6 +15,8 @@ bytes, so a reader finds a record by its number and drops a torn last one:
   one-sample spike is an extreme of its record at every level, so it is always drawn.
 - `gaps.d<D>.c<C>.L<k>`, `phases.k<K>.L<k>`: interval coverage of one group (device and cause, phase kind): per
   record of `BLOCK` intervals (or `FAN` records), their count, first start, last start, last end and covered seconds.
+- `dir.docs`: the events holding a document or phases (`rows` 0, times 0), and `digest`: the run digest's records
+  (`rnnmon.format.digest_file`); a summary reads these (`rnnmon.format.digest_read`), `FileIndex` does not.
 
 Rows a writer has not closed a level-0 record for yet (fewer than `BLOCK` per series) are read from the event file
 through `dir.*`. A reader (`FileIndex`) takes the index as far as it goes, then the event file's bytes after the last
@@ -44,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from rnnmon.format import packing, schema
+from rnnmon.format.digest_file import DigestWriter
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
 from rnnmon.format.reader import TAIL_GRACE_S, InvalidRecord, Stored, by_name, decode_chunks, raw_value, stored_as
 
@@ -53,6 +56,7 @@ BLOCK = 64  # rows per level-0 record
 FAN = 16  # level-k records per level-k+1 record
 SCAN_BYTES = 1 << 20  # event bytes indexed in memory at a time (a run without an index): ~4 MB of rows at once
 DRAWN_TAGS = (schema.STEPS_TAG, schema.PHASES_TAG, schema.GAPS_TAG)  # and the util and stats tags of every GPU
+DOCUMENTS = "dir.docs"  # the events holding a document or phases (a summary reads them; `FileIndex` does not)
 _SM = schema.STAT_COLUMNS.index("sm_activity_pct")
 _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
 
@@ -318,6 +322,8 @@ class IndexWriter:
         self._sizes: dict[str, int] = {}
         self._builder = IndexBuilder(lambda name, records: self._buffers.setdefault(name, []).append(
             records.tobytes()))
+        self._digest = DigestWriter(self.folder)  # the summary's digest records (rnnmon.format.digest_file)
+        self._documents: dict[int, None] = {}  # steps of staged events holding a document
         self.abandoned = False
 
     def table(self, tag: str, rows: np.ndarray, packed: bytes | None, step: int,
@@ -341,6 +347,11 @@ class IndexWriter:
             return
         self._staged.append((tag, rows, step))
 
+    def document(self, step: int) -> None:
+        """The event at `step` holds a document (run description, findings, alerts, shapes): `dir.docs` lists it."""
+        if not self.abandoned:
+            self._documents[step] = None
+
     def located(self, step: int, offset: int, length: int) -> None:
         if not self.abandoned:
             self._where[step] = (offset, length)
@@ -350,17 +361,30 @@ class IndexWriter:
         if self.abandoned:
             return
         staged, self._staged = self._staged, []
+        documents, self._documents = self._documents, {}
         for tag, rows, step in staged:
             if step not in self._where:
                 self.abandon("a chunk's event was not located")
                 return
             self._builder.add(tag, rows, step, *self._where[step])
+            self._digest.add(tag, rows, *self._where[step])
+            if tag == schema.PHASES_TAG:
+                documents[step] = None
+        if documents:
+            if not set(documents) <= set(self._where):
+                self.abandon("a document's event was not located")
+                return
+            entries = np.zeros(len(documents), dtype=DIRECTORY)
+            entries["step"] = sorted(documents)
+            entries["offset"], entries["length"] = zip(*(self._where[step] for step in sorted(documents)))
+            self._buffers.setdefault(DOCUMENTS, []).append(seal(entries).tobytes())
         self._where.clear()
         try:
             os.makedirs(self.folder, exist_ok=True)
             # `dir.*` first: should a later file fail, readers read from the chunks what its records lack
             for name, parts in sorted(self._buffers.items()):
                 self._append(name, b"".join(parts))
+            self._digest.flush()  # after the chunk directory that names what it covers
         except OSError as error:
             self.abandon(f"cannot write it ({error.strerror or error})")
         self._buffers.clear()
@@ -384,7 +408,7 @@ class IndexWriter:
             self.abandoned = True
             LOG.warning("rnnmon: the reading index in %s stops here (%s); readers read the rest from the event "
                         "file.", self.folder, why)
-        self._staged, self._buffers = [], {}
+        self._staged, self._buffers, self._documents = [], {}, {}
         self._where.clear()
 
 

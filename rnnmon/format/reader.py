@@ -82,6 +82,7 @@ class RunData:
     last_write: float = 0.0
     errors: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # read, but worth knowing: files that overlap
+    digest: Any = None  # a `rnnmon.format.digest.RunDigest` read from the run's index: steps, gaps, util, stats empty
 
 
 class InvalidRecord(ValueError):
@@ -218,17 +219,29 @@ class RunReader:
         from tensorboard.compat.proto import event_pb2
 
         for name, records in self._scan(run_dir, self._cursors):
-            for record in records:
-                if self._marks is not None and not any(mark in record for mark in self._marks):
-                    continue  # cannot hold a wanted tag: not even parsed
-                try:
-                    event = event_pb2.Event.FromString(record)
-                except DecodeError:
-                    self._error(f"{name}: a checksummed record that is not an event")
-                    continue
-                if event.HasField("summary"):
-                    self._add_file_event(name, event)
+            self._add_records(name, records, event_pb2.Event, DecodeError)
         return self._commit()
+
+    def update_from_records(self, name: str, records: list[bytes]) -> RunData:
+        """Add whole, checked records of event file `name` read by the caller (the events a reading index lists,
+        or those after a digest: `rnnmon.format.digest_read`)."""
+        from google.protobuf.message import DecodeError
+        from tensorboard.compat.proto import event_pb2
+
+        self._add_records(name, records, event_pb2.Event, DecodeError)
+        return self._commit()
+
+    def _add_records(self, name: str, records: list[bytes], event_type: Any, decode_error: Any) -> None:
+        for record in records:
+            if self._marks is not None and not any(mark in record for mark in self._marks):
+                continue  # cannot hold a wanted tag: not even parsed
+            try:
+                event = event_type.FromString(record)
+            except decode_error:
+                self._error(f"{name}: a checksummed record that is not an event")
+                continue
+            if event.HasField("summary"):
+                self._add_file_event(name, event)
 
     def check_files(self, run_dir: str) -> list[str]:
         """Walk the new bytes of the run's event files for damage (checksums, truncation) without decoding.
@@ -539,16 +552,26 @@ def _table_width(tag: str) -> int:
     return len(columns)
 
 
-def read_logdir(logdir: str, runs: list[str] | None = None) -> dict[str, RunData]:
+def read_logdir(logdir: str, runs: list[str] | None = None, digest: bool = False) -> dict[str, RunData]:
     """Every rnnmon run under `logdir` (or the named ones), read from its event files; no TensorFlow.
 
-    A folder that cannot be listed (no permission) is a run of its own name with that error, since runs inside it
-    cannot be seen."""
+    With `digest`, a run whose event files all have a reading index is read for its summary only: its documents
+    and phases, its large tables as a digest (`rnnmon.format.digest_read`). A folder that cannot be listed (no
+    permission) is a run of its own name with that error, since runs inside it cannot be seen."""
     result = {}
     found, unlisted = _run_dirs(logdir)
     for run, run_dir in found:
         if runs is not None and run not in runs:
             continue
+        if digest:
+            from rnnmon.format.digest_read import read_run  # it reads through this module
+
+            summarized = read_run(run_dir, run)
+            if summarized is not None:
+                if (summarized.info or summarized.errors or summarized.notes or len(summarized.steps)
+                        or (summarized.digest is not None and summarized.digest.steps.rows)):
+                    result[run] = summarized
+                continue
         reader = RunReader(run)
         data = reader.update_from_files(run_dir)
         if reader._tables or reader._documents or (data.errors and os.path.basename(run_dir) == schema.RUN_SUBDIR):

@@ -196,6 +196,8 @@ class SummaryWriter:
                 self._tensors.summary.value.append(value)
                 if rows is not None:
                     self._index.table(tag, *rows, self._tensors.step, packing.layout_of(tag, self.format))
+                else:  # a document: the index lists its event, so a summary reads it without a scan
+                    self._index.document(self._tensors.step)
             else:
                 if self._scalars is None or self._scalars.step != step or any(
                         v.tag == tag for v in self._scalars.summary.value):

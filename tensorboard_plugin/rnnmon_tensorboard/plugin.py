@@ -46,6 +46,7 @@ from rnnmon.analysis import verdict
 from rnnmon.analysis.stragglers import compare_workers, worker_of, worker_order
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
+from rnnmon.format.digest_read import read_run
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
 
 from .indexed_timeline import IndexedTimeline
@@ -109,6 +110,17 @@ class _Indexed:
 
 
 @dataclasses.dataclass
+class _Digested:
+    """A large local run's summary from its digest and the version of its files it was built from; `lock` is held
+    while it reads."""
+
+    version: Any = None
+    summary: dict[str, Any] | None = None
+    errors: list[str] = dataclasses.field(default_factory=list)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+@dataclasses.dataclass
 class _Described:
     """What /runs knows of a local run: the reader of its descriptions, and the version of its files it last read
     with what that gave (one value, replaced whole); `lock` is held while it reads."""
@@ -156,6 +168,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self._data_provider = context.data_provider
         self._cache: collections.OrderedDict[tuple[str, str], _CachedRun] = collections.OrderedDict()
         self._indexed: collections.OrderedDict[tuple[str, str], _Indexed] = collections.OrderedDict()
+        self._digested: collections.OrderedDict[tuple[str, str], _Digested] = collections.OrderedDict()
         self._cache_bytes, self._index_from_bytes = cache_bytes, index_from_bytes
         self._live: dict[tuple[str, str], _LiveRun] = {}  # running runs: decoded chunks, kept across versions
         self._lock = threading.Lock()
@@ -296,6 +309,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                     return False
             with contextlib.suppress(RunDataError, errors.NotFoundError):
                 self.timeline_impl(ctx, experiment, run, None, None, DEFAULT_POINTS)
+                self.summary_impl(ctx, experiment, run)  # from its digest
             return True
         with self._lock:
             if key in self._cache or key in self._live:
@@ -349,11 +363,39 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         return answer
 
     def summary_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:
-        """`rnnmon.analysis.summary.summarize` for `run`, with the verdict in words and its advice."""
+        """`rnnmon.analysis.summary.summarize` for `run`, with the verdict in words and its advice; a large local run
+        from its documents and digest (`rnnmon.format.digest_read`), never its tables."""
         run_dir = self._run_dir(run)
         indexed = run_dir is not None and self._drawn_from_index(LocalRuns.version(run_dir))
+        if indexed:
+            summary = self._digested_summary(ctx, experiment, run, run_dir)
+            if summary is not None:
+                return summary
         return self._derived(ctx, experiment, run, "summary", self._summary,
                              ("summary",) if indexed else DERIVED)  # its timeline comes from its index
+
+    def _digested_summary(self, ctx: Any, experiment: str, run: str, run_dir: str) -> dict[str, Any] | None:
+        """The summary of this version of `run`'s files from its digest; None where a file has no index."""
+        listing = self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=schema.PLUGIN_NAME,
+                                                   run_tag_filter=tb_provider.RunTagFilter(runs=[run]))
+        if not listing.get(run):
+            raise errors.NotFoundError(f"No rnnmon data for run {run!r}")
+        key, version = (experiment, run), LocalRuns.version(run_dir)
+        with self._lock:
+            entry = self._digested.pop(key, None) or _Digested()
+            self._digested[key] = entry  # the most recently asked last
+            while len(self._digested) > CACHE_RUNS:
+                self._digested.popitem(last=False)
+        with entry.lock:
+            if entry.version != version:
+                data = read_run(run_dir, run)
+                if data is None:
+                    return None
+                entry.version, entry.errors = version, list(data.errors)
+                entry.summary = None if data.errors else self._described(summarize(data), run)
+        if entry.errors:
+            raise RunDataError(_unreadable(run, entry.errors))
+        return entry.summary
 
     def _timeline(self, cached: _CachedRun) -> TimelineIndex:
         """The index of this version: the previous version's, extended by the new rows, where that works."""
@@ -365,10 +407,13 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         return index
 
     def _summary(self, cached: _CachedRun) -> dict[str, Any]:
-        summary = summarize(cached.data)  # idle_gaps: the longest 20; idle_gap_count: all
+        return self._described(summarize(cached.data), cached.data.run)  # idle_gaps: the longest 20
+
+    @staticmethod
+    def _described(summary: dict[str, Any], run: str) -> dict[str, Any]:
         summary["verdict_text"] = verdict.label(summary["verdict"])
         summary["verdict_advice"] = verdict.ADVICE.get(summary["verdict"])
-        summary["name"] = _display_name(cached.data.run)
+        summary["name"] = _display_name(run)
         return summary
 
     def workers_impl(self, ctx: Any, experiment: str, run: str) -> dict[str, Any]:

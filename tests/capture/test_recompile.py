@@ -15,6 +15,7 @@ from conftest import read_run
 
 from rnnmon.analysis.fit_time import PARTS
 from rnnmon.analysis.summary import summarize
+from rnnmon.format.reader import read_logdir
 
 pytestmark = pytest.mark.slow  # a fit in a process of its own: 10-20 s each
 
@@ -58,6 +59,8 @@ def _fit(tmp_path, backend: str, *, jit: str = '"auto"', loader: bool = False) -
     fit_s = json.loads(result.stdout.strip().splitlines()[-1])["fit_s"]
     summary = summarize(read_run(str(tmp_path)))
     assert summary["backend"] == backend and summary["steps"] == 39 and summary["status"] == "finished"
+    files = {key: value for key, value in summarize(read_logdir(str(tmp_path))["rnnmon"]).items() if key != "run"}
+    assert summarize(read_logdir(str(tmp_path), digest=True)["rnnmon"]) == {"run": "rnnmon", **files}  # its index
     return summary, fit_s
 
 

@@ -86,7 +86,8 @@ def test_a_summary_of_a_run_drawn_from_its_index_keeps_no_tables(logdir):
     ctx = context.RequestContext()
     plugin = _plugin(logdir, index_from_bytes=0)
     assert plugin.summary_impl(ctx, "", "indexed/rnnmon")["steps"] == CHUNKS * PER_CHUNK
-    assert len(plugin._cache[("", "indexed/rnnmon")].data.steps) == 0  # was: kept, uncounted, until evicted
+    assert ("", "indexed/rnnmon") not in plugin._cache  # from its documents and digest: no table read, none kept
+    assert plugin._digested[("", "indexed/rnnmon")].summary["steps"] == CHUNKS * PER_CHUNK
 
 
 def _get(url: str) -> tuple[int, object]:

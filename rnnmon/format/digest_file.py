@@ -1,0 +1,122 @@
+"""The digest records written beside the reading index (`rnnmon.format.digest`'s aggregates of a run's large tables).
+
+`<run>/rnnmon-index/<event file's suffix>/digest` is a sequence of records: `through` (uint64 LE: the event file's
+bytes the digests so far cover, ending at an event's end), the payload's length (uint32), the CRC-32 of those 12
+bytes and the payload (uint32), then the payload: `RunDigest.dumps()` of the step, gap and GPU-sample chunks in the
+events from the previous record's `through` to this one's (`DigestWriter`, fed by `IndexWriter` on the writer
+thread, one record per `RECORD_STEPS` steps). A torn last record is dropped; a damaged one is a `DigestMismatch`.
+
+Example:
+    >>> digest, through = read_records(index_folder(event_path), os.path.getsize(event_path))
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+import numpy as np
+
+from rnnmon.format import schema
+from rnnmon.format.digest import RECORD_STEPS, RunDigest
+from rnnmon.format.eventfile import open_regular
+
+DIGEST_FILE = "digest"
+_HEADER = struct.Struct("<QII")  # through, payload length, CRC-32 of both and the payload
+
+
+class DigestMismatch(ValueError):
+    """A digest record and its event file disagree: the run is read whole."""
+
+
+def digested(tag: str) -> bool:
+    return tag in (schema.STEPS_TAG, schema.GAPS_TAG) or (
+        tag.startswith((schema.UTIL_TAG_PREFIX, schema.STATS_TAG_PREFIX)) and schema.device_of(tag) is not None)
+
+
+class DigestWriter:
+    """Digests the chunks an `IndexWriter` indexes and appends a record per `RECORD_STEPS` steps."""
+
+    def __init__(self, folder: str) -> None:
+        self.path = os.path.join(folder, DIGEST_FILE)
+        self._digest = RunDigest()
+        self._through = 0
+        self._size = 0
+        self._sealed: list[bytes] = []  # records not written yet
+
+    def add(self, tag: str, rows: np.ndarray, offset: int, length: int) -> None:
+        """A chunk of `tag` in the event at `offset` (framed `length` bytes), after those added before; a record is
+        sealed at the first event after `RECORD_STEPS` steps (a record covers whole events)."""
+        if not digested(tag):
+            return
+        if offset >= self._through:
+            self._seal()
+        self._digest.add(tag, rows)
+        self._through = max(self._through, offset + length)
+
+    def _seal(self) -> None:
+        if self._digest.steps.rows < RECORD_STEPS:
+            return
+        payload = self._digest.dumps()
+        header = struct.pack("<QI", self._through, len(payload))
+        self._sealed.append(header + struct.pack("<I", zlib.crc32(payload, zlib.crc32(header))) + payload)
+        carried = self._digest.steps.fit_epoch
+        self._digest = RunDigest()
+        self._digest.steps.fit_epoch = carried  # the next steps may continue the same fit's first epoch
+
+    def flush(self) -> None:
+        """Append the sealed records, once the events they cover are whole in the file (OSError: the caller
+        abandons the index)."""
+        self._seal()
+        if not self._sealed:
+            return
+        data, self._sealed = b"".join(self._sealed), []
+        try:
+            with open(self.path, "ab", buffering=0) as out:
+                view = memoryview(data)
+                while view:
+                    view = view[out.write(view):]
+        except OSError:
+            with open(self.path, "ab") as out:  # no torn record left for the next append to shift
+                out.truncate(self._size)
+            raise
+        self._size += len(data)
+
+
+def read_records(folder: str, event_size: int) -> tuple[RunDigest | None, int]:
+    """The merged digest records in the index `folder` of an event file of `event_size` bytes, and the bytes they
+    cover; (None, 0) where it has none; DigestMismatch where a record is damaged or disagrees with the event file."""
+    path = os.path.join(folder, DIGEST_FILE)
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        return None, 0
+    except OSError as error:
+        raise DigestMismatch(f"cannot read its digest: {error.strerror or error}") from None
+    try:
+        data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+    finally:
+        os.close(fd)
+    merged, through, at = None, 0, 0
+    while at + _HEADER.size <= len(data):
+        end, size, crc = _HEADER.unpack_from(data, at)
+        payload = data[at + _HEADER.size: at + _HEADER.size + size]
+        if len(payload) < size:
+            break  # a torn last record: the writer is writing it, or died
+        if zlib.crc32(payload, zlib.crc32(data[at:at + 12])) != crc:
+            raise DigestMismatch(f"a digest record's checksum fails at byte {at}")
+        if end < through:
+            raise DigestMismatch(f"a digest record goes back to byte {end}")
+        try:
+            digest = RunDigest.loads(payload)
+        except ValueError as error:
+            raise DigestMismatch(f"a digest record at byte {at} is not one: {error}") from None
+        if merged is None:
+            merged = digest
+        else:
+            merged.merge(digest)
+        through, at = end, at + _HEADER.size + size
+    if merged is not None and through > event_size:
+        raise DigestMismatch(f"its digest covers {through} bytes of events, the event file holds fewer")
+    return merged, through

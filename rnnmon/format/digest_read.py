@@ -1,0 +1,179 @@
+"""A run read for its summary through its digest: what `rnnmon report` and the tab's summary read instead of the
+run's large tables.
+
+`read_run` reads a run's documents and phases from the events the index's `dir.docs` lists (an index written
+before it: a scan that parses only the events holding them), merges each event file's digest records
+(`rnnmon.format.digest_file`), and adds the tables and documents of the events after the last record's `through`,
+scanned from that byte on: its cost is the records, the listed events and the tail, not the run's rows. Where a
+file has no index, or two files' steps overlap in time, `read_run` returns None (the caller reads the run whole);
+where a digest disagrees with the data (a checksum, a `through` that is not an event's end or past the file, step
+or gap counts the index's chunk directory does not hold, a listed event that is not whole), the run is read whole,
+with a note: the data wins.
+
+Example:
+    >>> data = read_run("runs/exp1/rnnmon", "exp1/rnnmon")   # None: no index; read the run whole
+    >>> summarize(data)                                       # data.digest stands for its tables
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+import time
+from typing import Any
+
+import numpy as np
+
+from rnnmon.format import schema
+from rnnmon.format.digest import RunDigest
+from rnnmon.format.digest_file import DigestMismatch, digested, read_records
+from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
+from rnnmon.format.index import DIRECTORY, DOCUMENTS, FileIndex, devices_in, index_folder, intact
+from rnnmon.format.reader import TAIL_GRACE_S, RunData, RunReader, Stored, decode_chunks, stored_as
+
+DOCUMENT_TAGS = frozenset({schema.RUN_TAG, schema.FINDINGS_TAG, schema.ALERTS_TAG, schema.SHAPES_TAG,
+                           schema.PHASES_TAG})
+_MARKS = tuple(tag.encode() for tag in (schema.STEPS_TAG, schema.GAPS_TAG, schema.UTIL_TAG_PREFIX,
+                                        schema.STATS_TAG_PREFIX))
+
+
+def _check_counts(event_path: str, digest: RunDigest, through: int) -> None:
+    """The digest's steps and gaps are the rows the index's chunk directory names before `through`."""
+    folder = index_folder(event_path)
+    counted = {"steps": 0, "gaps": 0}
+    for name in os.listdir(folder):
+        kind = "steps" if name == "dir.steps" else "gaps" if name.startswith("dir.gaps.") else None
+        if kind is None:
+            continue
+        with open(os.path.join(folder, name), "rb") as file:
+            raw = file.read()
+        entries = np.frombuffer(raw, dtype=DIRECTORY, count=len(raw) // DIRECTORY.itemsize)
+        counted[kind] += int(entries["rows"][entries["offset"] < through].sum())
+    if (counted["steps"], counted["gaps"]) != (digest.steps.rows, digest.gaps.rows):
+        raise DigestMismatch(f"its digest holds {digest.steps.rows} steps and {digest.gaps.rows} gaps before byte "
+                             f"{through}, the index names {counted['steps']} and {counted['gaps']}")
+
+
+def _listed_documents(event_path: str, through: int) -> list[bytes] | None:
+    """The records of the events `dir.docs` lists before byte `through`, each checked (framing, both checksums,
+    the event step); None where the index has no `dir.docs` (written before it: scan the file instead)."""
+    path = os.path.join(index_folder(event_path), DOCUMENTS)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as file:
+        raw = file.read()
+    entries = np.frombuffer(raw, dtype=DIRECTORY, count=len(raw) // DIRECTORY.itemsize)
+    if not intact(entries):
+        raise DigestMismatch(f"{DOCUMENTS}: a record's checksum fails")
+    entries = entries[entries["offset"] < through]
+    records = []
+    fd = open_regular(event_path)
+    try:
+        for offset, length in zip(entries["offset"].tolist(), entries["length"].tolist()):
+            data = os.pread(fd, length, offset)
+            size = length - 16
+            if (len(data) != length or length < 16 or struct.unpack_from("<Q", data)[0] != size
+                    or struct.unpack_from("<I", data, 8)[0] != masked_crc32c(data[:8])
+                    or struct.unpack_from("<I", data, 12 + size)[0] != masked_crc32c(data[12:12 + size])):
+                raise DigestMismatch(f"no whole event at byte {offset}, where {DOCUMENTS} lists one")
+            records.append(data[12:12 + size])
+    finally:
+        os.close(fd)
+    return records
+
+
+def _tail(event_path: str, through: int, digest: RunDigest, documents: RunReader | None,
+          errors: list[str]) -> None:
+    """Add the tables of the events from byte `through` on to `digest`, and their documents to `documents`."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
+
+    cursor, more = RecordCursor(through), True
+    name = os.path.basename(event_path)
+    head = FileIndex(event_path)  # how the file describes each table: its first values' metadata
+    described: dict[str, Stored] = {}
+    while more:
+        scan = cursor.scan(event_path)
+        more = scan.more
+        if scan.problem:
+            if cursor.offset == through and not scan.records:
+                raise DigestMismatch(f"no event at byte {through}: {scan.problem}")
+            errors.append(f"{name}: {scan.problem}")
+        if scan.truncated and time.time() - scan.modified > TAIL_GRACE_S:
+            errors.append(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
+        if documents is not None:
+            documents.update_from_records(name, scan.records)
+        staged: dict[str, list[Any]] = {}
+        for record in scan.records:
+            if not any(mark in record for mark in _MARKS):
+                continue
+            try:
+                event = event_pb2.Event.FromString(record)
+            except DecodeError:
+                continue
+            for value in event.summary.value:
+                if digested(value.tag):
+                    staged.setdefault(value.tag, []).append(value.tensor)
+                    if value.HasField("metadata") and value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME:
+                        described[value.tag] = stored_as(
+                            value.tag, schema.parse_content(value.metadata.plugin_data.content))
+        for tag, tensors in staged.items():
+            rows, _, _, failed = decode_chunks(tag, tensors, described.get(tag) or head.stored(tag))
+            errors += [f"{tag}: {error}" for _, error in failed]
+            digest.add(tag, rows)
+
+
+def _overlapping(paths: list[str]) -> bool:
+    """Event files whose steps overlap in time (writers in one folder before rnnmon's writer lock): their digests
+    cannot be merged in file order, so the run is read whole (segments of one writer follow each other)."""
+    spans = []
+    for path in paths:
+        name = os.path.join(index_folder(path), "dir.steps")
+        size = os.path.getsize(name) if os.path.isfile(name) else 0
+        if size >= DIRECTORY.itemsize:
+            with open(name, "rb") as file:
+                first = np.frombuffer(file.read(DIRECTORY.itemsize), dtype=DIRECTORY)[0]
+                file.seek((size // DIRECTORY.itemsize - 1) * DIRECTORY.itemsize)
+                last = np.frombuffer(file.read(DIRECTORY.itemsize), dtype=DIRECTORY)[0]
+            spans.append((float(first["t_first"]), float(last["t_last"])))
+    spans.sort()
+    return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
+
+
+def read_run(run_dir: str, run: str) -> RunData | None:
+    """`run` for a summary: its documents and phases (the events `dir.docs` lists, then those after the digest),
+    its large tables as a digest (`RunData.digest`); None where an event file has no index (read the run whole)."""
+    try:
+        names = sorted(n for n in os.listdir(run_dir) if EVENT_FILE_MARK in n)
+    except OSError:
+        return None
+    paths = [os.path.join(run_dir, n) for n in names]
+    if not paths or not all(os.path.isdir(index_folder(p)) for p in paths) or _overlapping(paths):
+        return None
+    digest, errors, devices = RunDigest(), [], {}
+    documents = RunReader(run, tags=DOCUMENT_TAGS)
+    parts = []
+    try:
+        for path in paths:
+            part, through = read_records(index_folder(path), os.path.getsize(path))
+            if part is not None:
+                _check_counts(path, part, through)
+            parts.append((path, part or RunDigest(), through, _listed_documents(path, through)))
+        listed = all(found is not None for *_, found in parts)  # else: an index from before dir.docs
+        for path, part, through, found in parts:
+            if listed:
+                documents.update_from_records(os.path.basename(path), found)
+            _tail(path, through, part, documents if listed else None, errors)
+            digest.merge(part)
+            for device, described in devices_in(path).items():
+                devices.setdefault(device, described)
+    except (DigestMismatch, OSError) as error:
+        data = RunReader(run).update_from_files(run_dir)
+        data.notes = [*data.notes, f"its digest disagrees with the data ({error}); read whole instead"]
+        return data
+    data = documents.data() if listed else documents.update_from_files(run_dir)
+    data.digest = digest
+    data.devices = {**devices, **data.devices}
+    data.errors = [*data.errors, *errors]
+    return data

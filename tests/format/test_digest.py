@@ -1,0 +1,187 @@
+"""The run digest: a summary read from the digest records beside the index equals the whole read's, exactly for a
+small run and within the documented error for a long one; a digest that disagrees with the data is set aside."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from rnnmon.analysis.summary import summarize
+from rnnmon.format import digest, digest_file, index, schema
+from rnnmon.format.digest_read import read_run
+from rnnmon.format.reader import read_logdir
+from tests.synthetic_runs import write_gpu_run, write_writers
+
+LONG_STEPS = 200_000  # three digest records and a tail
+
+
+def _summaries(logdir: str) -> tuple[dict, dict]:
+    """(from the digest, from the whole read) of the one run under `logdir`."""
+    (name,) = read_logdir(logdir)
+    return summarize(read_logdir(logdir, digest=True)[name]), summarize(read_logdir(logdir)[name])
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("long")
+    write_gpu_run(str(logdir / "run" / "rnnmon"), LONG_STEPS // 1000, steps_per_chunk=1000,
+                  info={"input_cache": "cache", "fetch_floor_ms": 4.0})
+    return str(logdir)
+
+
+def _records(run_dir: str) -> tuple[str, list[tuple[int, bytes]]]:
+    (folder,) = glob.glob(os.path.join(run_dir, "rnnmon-index", "*"))
+    path = os.path.join(folder, digest_file.DIGEST_FILE)
+    with open(path, "rb") as file:
+        data = file.read()
+    out, at = [], 0
+    while at < len(data):
+        through, size, _ = struct.unpack_from("<QII", data, at)
+        out.append((through, data[at + 16: at + 16 + size]))
+        at += 16 + size
+    return path, out
+
+
+def _write_records(path: str, records: list[tuple[int, bytes]]) -> None:
+    with open(path, "wb") as out:
+        for through, payload in records:
+            header = struct.pack("<QI", through, len(payload))
+            out.write(header + struct.pack("<I", zlib.crc32(payload, zlib.crc32(header))) + payload)
+
+
+@pytest.mark.parametrize("cache", [None, "cache"])
+def test_a_small_run_summarized_from_its_index_equals_the_whole_read_exactly(tmp_path, cache):
+    write_gpu_run(str(tmp_path / "run" / "rnnmon"), 40, gpus=2, dip_at=17, profile_at=3.0,
+                  info={"input_cache": cache} if cache else None)
+    from_digest, whole = _summaries(str(tmp_path))
+    assert from_digest == whole
+    assert whole["steps"] == 200 and whole["idle_gap_count"] == 80 and len(whole["gpus"]) == 2
+
+
+def test_a_long_run_is_summarized_from_its_digest_records_within_the_documented_error(long_run):
+    run_dir = os.path.join(long_run, "run", "rnnmon")
+    _, records = _records(run_dir)
+    assert len(records) == LONG_STEPS // digest.RECORD_STEPS  # and the rest is the tail
+    data = read_run(run_dir, "run/rnnmon")
+    assert data.digest.steps.rows == LONG_STEPS and data.digest.steps.raw is None  # aggregates only
+    assert not len(data.steps) and not len(data.gaps) and not data.util and not data.stats  # no table held
+    from_digest, whole = _summaries(long_run)
+    assert from_digest == whole  # one code path: the digest, from the records or from the rows
+    whole_data = read_logdir(long_run)["run/rnnmon"]
+    steps, phases = whole_data.steps, whole_data.phases
+    kept = steps[~np.isnan(steps[:, 5])]
+    per_batch_ms = 1e3 * (kept[:, 3] - kept[:, 2]) / kept[:, 6]
+    wait_ms = kept[:, 4]
+    for got, values in ((from_digest["step_ms"], per_batch_ms), (from_digest["input_wait_ms"], wait_ms)):
+        for key, q in (("median", 50), ("p90", 90)):
+            exact = float(np.percentile(values, q))
+            assert abs(got[key] - exact) <= digest.RELATIVE_ERROR * exact + 1e-4
+    assert from_digest["steps"] == LONG_STEPS and from_digest["epochs"] == LONG_STEPS // 1000 // 10
+    evals = phases[phases[:, 0] == schema.PHASE_KINDS.index("eval")]
+    assert from_digest["wall_s"] == pytest.approx(float((kept[:, 3] - kept[:, 2]).sum() + kept[:, 5].sum() / 1e3
+                                                        + (evals[:, 2] - evals[:, 1]).sum()), abs=2e-3)
+    assert from_digest["cache_fill"]["steps"] == 9999  # the first epoch but its warm-up step
+    assert 0 < from_digest["shares"]["input"] < 1 and from_digest["gpus"][0]["samples"] == 12 * 200
+
+
+def test_a_digest_record_that_disagrees_with_the_data_is_set_aside_and_the_data_wins(long_run, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(long_run, copy)
+    run_dir = os.path.join(copy, "run", "rnnmon")
+    path, records = _records(run_dir)
+    wrong = digest.RunDigest.loads(records[0][1])
+    wrong.steps.rows += 5  # a record whose counts the index's chunk directory does not hold, checksums intact
+    _write_records(path, [(records[0][0], wrong.dumps()), *records[1:]])
+    from_digest, whole = _summaries(copy)
+    assert any("digest disagrees with the data" in note for note in from_digest["notes"])
+    from_digest["notes"] = [n for n in from_digest["notes"] if "digest" not in n]
+    assert from_digest == whole
+
+
+def test_a_digest_record_that_fails_its_checksum_is_set_aside_and_the_data_wins(long_run, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(long_run, copy)
+    path, _ = _records(os.path.join(copy, "run", "rnnmon"))
+    with open(path, "r+b") as file:
+        file.seek(40)
+        byte = file.read(1)
+        file.seek(40)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    from_digest, whole = _summaries(copy)
+    assert any("checksum fails" in note for note in from_digest["notes"])
+    from_digest["notes"] = [n for n in from_digest["notes"] if "digest" not in n]
+    assert from_digest == whole
+
+
+def test_a_listed_document_event_that_is_not_there_is_set_aside_and_the_data_wins(long_run, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(long_run, copy)
+    run_dir = os.path.join(copy, "run", "rnnmon")
+    (folder,) = glob.glob(os.path.join(run_dir, "rnnmon-index", "*"))
+    path = os.path.join(folder, index.DOCUMENTS)
+    entries = np.fromfile(path, dtype=index.DIRECTORY)
+    assert len(entries) >= 2  # the run description at its start, the phases and description at its end
+    entries["offset"][0] += 3  # checksums intact: the listed event is not where it says
+    index.seal(entries).tofile(path)
+    from_digest, whole = _summaries(copy)
+    assert any("no whole event" in note for note in from_digest["notes"])
+    from_digest["notes"] = [n for n in from_digest["notes"] if "digest" not in n]
+    assert from_digest == whole
+
+
+def test_a_torn_last_digest_record_is_left_to_the_tail(long_run, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(long_run, copy)
+    path, _ = _records(os.path.join(copy, "run", "rnnmon"))
+    os.truncate(path, os.path.getsize(path) - 7)
+    from_digest, whole = _summaries(copy)
+    assert from_digest == whole and not from_digest["notes"]
+
+
+@pytest.mark.parametrize("lost", ["digest", "docs", "index"])
+def test_a_run_without_digest_records_or_index_still_summarizes(tmp_path, lost):
+    run_dir = str(tmp_path / "run" / "rnnmon")
+    write_gpu_run(run_dir, 40, profile_at=3.0)
+    (folder,) = glob.glob(os.path.join(run_dir, "rnnmon-index", "*"))
+    if lost == "index":
+        shutil.rmtree(os.path.join(run_dir, "rnnmon-index"))
+        assert read_run(run_dir, "run/rnnmon") is None  # read whole
+    elif lost == "docs":  # an index written before `dir.docs`: the documents are scanned for
+        os.remove(os.path.join(folder, index.DOCUMENTS))
+    else:
+        assert not os.path.exists(os.path.join(folder, digest_file.DIGEST_FILE))  # fewer steps than a record
+    from_digest, whole = _summaries(str(tmp_path))
+    assert from_digest == whole and whole["steps"] == 200
+
+
+def test_a_digest_survives_its_bytes_and_merges_in_order():
+    rows = np.array([(s + 1, s // 50, 10.0 + 0.02 * s, 10.0 + 0.02 * s + 0.018, 5.0 + s % 3,
+                      np.nan if s in (0, 120) else 2.0, 1) for s in range(200)])
+    whole = digest.RunDigest.of(rows, np.empty((0, 4)), {}, {})
+    parts = digest.RunDigest.loads(digest.RunDigest.of(rows[:70], np.empty((0, 4)), {}, {}).dumps())
+    second = digest.RunDigest()
+    second.steps.fit_epoch = parts.steps.fit_epoch
+    second.add(schema.STEPS_TAG, rows[70:])
+    parts.merge(digest.RunDigest.loads(second.dumps()))
+    figures = parts.steps.figures(np.nan, "cache", np.empty((0, 3)), [])
+    exact = whole.steps.figures(np.nan, "cache", np.empty((0, 3)), [])
+    assert parts.steps.raw is None and whole.steps.raw is not None
+    for key in ("steps", "epochs", "kept", "measured"):
+        assert figures[key] == exact[key]
+    for key in ("duration_s", "gap_s", "wait_s", "beyond_floor_s"):
+        assert figures[key] == pytest.approx(exact[key], rel=1e-12)
+    assert figures["cache_fill"]["steps"] == exact["cache_fill"]["steps"]
+    assert figures["time_s"]["fit"] == pytest.approx(exact["time_s"]["fit"], abs=1e-4)
+
+
+def test_writers_whose_files_overlap_are_read_whole_and_summarized_as_before(tmp_path):
+    write_writers(str(tmp_path / "run" / "rnnmon"), 2, 60, 10)  # two processes in one folder, chunks interleaved
+    assert read_run(str(tmp_path / "run" / "rnnmon"), "run/rnnmon") is None
+    from_digest, whole = _summaries(str(tmp_path))
+    assert from_digest == whole and whole["steps"] == 120
