@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rnnmon.analysis.callback_time import callback_hooks_s, callback_ms_per_step
+from rnnmon.analysis.digest_figures import device_figures, step_figures
 from rnnmon.analysis.fit_time import training_without
 from rnnmon.analysis.imbalance import device_imbalance
 from rnnmon.analysis.measured import measured_findings, summary_line
@@ -51,7 +52,7 @@ def summarize(run: RunData) -> dict[str, Any]:
                for k, kind in enumerate(schema.PHASE_KINDS)}
     floor_s = float(run.info.get("fetch_floor_ms") or math.nan) / 1e3
     cache = run.info.get("input_cache")  # where the pipeline caches: its first epoch fills the cache
-    steps = digest.steps.figures(floor_s, cache, run.phases, run.shapes)
+    steps = step_figures(digest.steps, floor_s, cache, run.phases, run.shapes)
     measured = steps["measured"]
     step_total = steps["duration_s"] + steps["gap_s"]
     wall = step_total + phase_s["eval"] + phase_s["epoch_end"]
@@ -133,7 +134,7 @@ def _gpu(run: RunData, digest: RunDigest, index: int) -> dict[str, Any]:
     return {"index": index,
             "name": device.get("name", f"GPU {index}"),
             "utilization": device.get("utilization", "nvml"),  # or "gpm", "not reported on MIG", ...
-            **digest.devices[index].figures(float(run.info.get("idle_pct", 5.0))),
+            **device_figures(digest.devices[index], float(run.info.get("idle_pct", 5.0))),
             "idle_by_cause_s": _idle_by_cause(digest.gaps, index)}
 
 

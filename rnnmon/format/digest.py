@@ -24,7 +24,7 @@ records, then adds the chunks after the last one (`rnnmon.format.digest_read`).
 Example:
     >>> digest = RunDigest()
     >>> digest.add(STEPS_TAG, rows)                # any table's float64 rows, in time order
-    >>> digest.steps.figures(floor_s, cache, phases, shapes)["step_ms"]
+    >>> digest.steps.rows, digest.steps.sums           # figures: rnnmon.analysis.digest_figures
     >>> RunDigest.loads(digest.dumps())            # aggregates only: approximate figures
 """
 
@@ -37,8 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from rnnmon.analysis.fit_time import PARTS, SLOW_FACTOR, SLOW_MIN_S, _fit_spans_s, _listed, _new_shape, _slow, fit_time
-from rnnmon.analysis.input_share import OUTLIERS_FRACTION, OUTLIERS_MIN, pipeline_wait_s, robust_share
 from rnnmon.format import schema
 
 CAP = 65536  # rows kept whole per table: below it every figure is exact
@@ -53,7 +51,7 @@ STAT_MAX = ("memory_used_mib", "memory_total_mib")
 STAT_MEAN = ("power_w", "sm_activity_pct", "sm_occupancy_pct")
 _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
 _STAT = {name: i for i, name in enumerate(schema.STAT_COLUMNS)}
-_EDGES_MS = 2.0 ** (LOW + np.arange(BUCKETS) / SUB)  # bucket k > 0 holds (edge[k-1], edge[k]]
+EDGES_MS = 2.0 ** (LOW + np.arange(BUCKETS) / SUB)  # bucket k > 0 holds (edge[k-1], edge[k]]
 
 
 def bucket_of(ms: np.ndarray) -> np.ndarray:
@@ -68,7 +66,7 @@ def bucket_value(k: int) -> float:
     return 0.0 if k == 0 else float(2.0 ** (LOW + (k - 0.5) / SUB))
 
 
-def _quantile(counts: np.ndarray, q: float) -> float:
+def quantile(counts: np.ndarray, q: float) -> float:
     """The q-quantile (0..1) of values held as bucket counts, as `np.percentile` ranks them."""
     total = int(counts.sum())
     rank = q * (total - 1)
@@ -187,82 +185,6 @@ class StepDigest:
         if not math.isnan(other.fit_epoch):
             self.fit_epoch = other.fit_epoch
 
-    def figures(self, floor_s: float, cache: Any, phases: np.ndarray,
-                shapes: list[dict[str, Any]]) -> dict[str, Any]:
-        """What a summary takes from the steps (see `rnnmon.analysis.summary.summarize`)."""
-        if self.raw is not None:
-            return _exact(np.concatenate(self.raw) if self.raw else np.empty((0, len(schema.STEP_COLUMNS))),
-                          floor_s, cache, phases, shapes)
-        return self._approximate(floor_s, cache, phases, shapes)
-
-    def _approximate(self, floor_s: float, cache: Any, phases: np.ndarray,
-                     shapes: list[dict[str, Any]]) -> dict[str, Any]:
-        duration_s, gap_s, wait_s, waited = self.sums.tolist()
-        measured = waited > 0
-        floor_ms = 0.0 if math.isnan(floor_s) else 1e3 * floor_s
-        hist = self.wait_hist
-        counts = hist[:, 0].sum(axis=0)
-        filling_steps = int(hist[1, 0].sum()) if cache else 0
-        split = measured and 0 < filling_steps < self.kept
-        judged = hist[0] if split else hist.sum(axis=0)
-        beyond = _beyond(judged, floor_ms)
-        waits = counts.copy()
-        waits[0] -= self.unwaited.sum()
-        figures = {
-            "steps": int(self.batches), "epochs": self.changes + 1 if self.rows else 0, "kept": self.kept,
-            "duration_s": duration_s, "gap_s": gap_s, "wait_s": wait_s, "measured": measured,
-            "step_ms": _hist_percentiles(self.step_hist[0]),
-            "input_wait_ms": _hist_percentiles(waits) if measured else None,
-            "input_share": _robust(beyond, judged[3], judged[0]) if measured else None,
-            "beyond_floor_s": float(beyond.sum()) if measured else None,
-            "cache_fill": None}
-        if split:
-            fill_beyond = _beyond(hist[1], floor_ms)
-            figures["cache_fill"] = {"stage": cache, "steps": filling_steps,
-                                     "wait_s": round(float(fill_beyond.sum()), 3),
-                                     "input_share": _robust(fill_beyond, hist[1, 3], hist[1, 0])}
-        figures["time_s"], figures["slow_count"], figures["slow_steps"] = self._fit_time(floor_s, phases, shapes)
-        return figures
-
-    def _fit_time(self, floor_s: float, phases: np.ndarray,
-                  shapes: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int], list[dict[str, Any]]]:
-        """`fit_time` from the fit boundaries, the sums and the slowest steps kept, against the median read from the
-        step-time buckets; slow steps beyond those kept (more than `TOP`) are counted and timed from the buckets
-        wholly above the slow threshold, their cause unknown."""
-        n, m = len(self.firsts), len(self.stretches)
-        outline = np.zeros((n + m, len(schema.STEP_COLUMNS)))
-        outline[:n, _S["host_gap_ms"]] = np.nan  # each fit's first step, then one row spanning each stretch
-        outline[:n, _S["begin"]], outline[:n, _S["end"]] = self.firsts[:, 0], self.firsts[:, 1]
-        outline[n:, _S["begin"]], outline[n:, _S["end"]] = self.stretches[:, 1], self.stretches[:, 2]
-        duration_s, gap_s, wait_s, _ = self.sums.tolist()
-        phase_s = {kind: float((phases[:, 2] - phases[:, 1])[phases[:, 0] == k].sum())
-                   for k, kind in enumerate(schema.PHASE_KINDS)}
-        top = self.top
-        begin, batches = top[:, _S["begin"]], np.maximum(top[:, _S["batches"]], 1)
-        duration = top[:, _S["end"]] - begin
-        median_s = 1e-3 * _quantile(self.step_hist[0], 0.5) if self.kept else 0.0
-        new_shape = _new_shape(begin, shapes)
-        wait = np.nan_to_num(top[:, _S["input_wait_ms"]] / 1e3)
-        excess, cause = _slow(duration, batches, pipeline_wait_s(wait, batches, floor_s), new_shape, median_s)
-        recompiles, slow = float(excess[cause == "recompile"].sum()), float(excess[cause == "unknown"].sum())
-        counts = {name: int((cause == name).sum()) for name in ("recompile", "input", "unknown")}
-        if len(top) == TOP:  # the slow steps the top does not hold: in buckets wholly above the threshold
-            threshold_ms = 1e3 * max(SLOW_FACTOR * median_s, median_s + SLOW_MIN_S)
-            cut = int(bucket_of(np.array([threshold_ms]))[0]) + 1
-            held = bucket_of(1e3 * duration / batches) >= cut
-            rest = self.step_hist[:, cut:].sum(axis=1) - (held.sum(), duration[held].sum(), batches[held].sum())
-            if rest[0] > 0:
-                counts["unknown"] += int(rest[0])
-                slow += max(float(rest[1] - median_s * rest[2]), 0.0)
-        times = {"fit": _fit_spans_s(outline, phases), "warmup": phase_s["warmup"],
-                 "steps": duration_s - recompiles - slow, "recompiles": recompiles, "slow_steps": slow,
-                 "host_gaps": gap_s, "validation": phase_s["eval"], "epoch_ends": phase_s["epoch_end"],
-                 "profiling": phase_s["profile"], "input_wait": wait_s}
-        times["unaccounted"] = times["fit"] - sum(times[part] for part in PARTS)
-        times["training"] = times["fit"] - times["warmup"]
-        return ({name: round(seconds, 4) for name, seconds in times.items()}, counts,
-                _listed(top, duration, excess, cause, new_shape, shapes))
-
     def state(self) -> dict[str, np.ndarray]:
         scalars = np.array([self.rows, self.batches, self.first_epoch, self.first_start, self.last_epoch,
                             self.changes, self.kept, self.fit_epoch], dtype=np.float64)
@@ -290,90 +212,6 @@ def _slowest(rows: np.ndarray) -> np.ndarray:
     per_batch = (rows[:, _S["end"]] - rows[:, _S["begin"]]) / np.maximum(rows[:, _S["batches"]], 1)
     chosen = np.sort(np.argpartition(-per_batch, TOP - 1)[:TOP])
     return rows[chosen]
-
-
-def _beyond(hist: np.ndarray, floor_ms: float) -> np.ndarray:
-    """Per wait bucket: the wait beyond the fetch floor (s) of its steps."""
-    beyond = np.maximum(hist[1] - 1e-3 * floor_ms * hist[2], 0.0)
-    upper = _EDGES_MS
-    return np.where(upper <= floor_ms, 0.0, beyond)
-
-
-def _robust(part: np.ndarray, whole: np.ndarray, counts: np.ndarray) -> float | None:
-    """`robust_share` over wait buckets (ascending): the largest waits dropped bucket by bucket from the top, the
-    bucket at the cut in proportion to its steps."""
-    total = float(counts.sum())
-    if total <= 0:
-        return None
-    drop = max(OUTLIERS_MIN, math.ceil(OUTLIERS_FRACTION * total))
-    kept = np.ones(BUCKETS)
-    if total > 2 * drop:
-        above = np.cumsum(counts[::-1])[::-1] - counts  # steps in the buckets above each
-        taken = np.clip(drop - above, 0, counts)
-        kept = np.divide(counts - taken, counts, out=np.zeros(BUCKETS), where=counts > 0)
-    whole_s = float((whole * kept).sum())
-    return round(float((part * kept).sum()) / whole_s, 4) if whole_s > 0 else None
-
-
-def _hist_percentiles(counts: np.ndarray) -> dict[str, float | None]:
-    if counts.sum() <= 0:
-        return {"median": None, "p90": None}
-    return {"median": round(_quantile(counts, 0.5), 4), "p90": round(_quantile(counts, 0.9), 4)}
-
-
-def _exact(steps: np.ndarray, floor_s: float, cache: Any, phases: np.ndarray,
-           shapes: list[dict[str, Any]]) -> dict[str, Any]:
-    """The step figures from the whole step table."""
-    kept = ~np.isnan(steps[:, _S["host_gap_ms"]])  # each fit's first step: tracing, iterator creation
-    column = {name: steps[:, _S[name]][kept] for name in ("begin", "end", "input_wait_ms", "host_gap_ms", "batches")}
-    batches = column["batches"]
-    duration = column["end"] - column["begin"]
-    wait = column["input_wait_ms"] / 1e3
-    gap = column["host_gap_ms"] / 1e3
-    measured = bool(len(wait)) and not np.isnan(wait).all()
-    filling = _first_epochs(steps)[kept] if cache else np.zeros(len(duration), dtype=bool)
-    split = measured and bool(filling.any()) and not filling.all()
-    figures: dict[str, Any] = {
-        "steps": int(steps[:, _S["batches"]].sum()), "epochs": _epochs(steps), "kept": len(duration),
-        "duration_s": float(duration.sum()), "gap_s": float(gap.sum()), "wait_s": float(np.nansum(wait)),
-        "measured": measured, "step_ms": _percentiles(1e3 * duration / np.maximum(batches, 1)),
-        "input_wait_ms": _percentiles(1e3 * wait / np.maximum(batches, 1)) if measured else None,
-        "input_share": None, "beyond_floor_s": None, "cache_fill": None}
-    if measured:  # the wait beyond the fetch floor, against each step with the gap before it
-        beyond, whole = pipeline_wait_s(wait, batches, floor_s), duration + gap
-        judged = ~filling if split else np.ones(len(duration), dtype=bool)
-        figures["input_share"] = robust_share(beyond[judged], whole[judged])
-        figures["beyond_floor_s"] = float(np.nansum(beyond[judged]))
-        if split:
-            figures["cache_fill"] = {"stage": cache, "steps": int(filling.sum()),
-                                     "wait_s": round(float(beyond[filling].sum()), 3),
-                                     "input_share": robust_share(beyond[filling], whole[filling])}
-    figures["time_s"], figures["slow_count"], figures["slow_steps"] = fit_time(steps, phases, shapes, floor_s)
-    return figures
-
-
-def _first_epochs(steps: np.ndarray) -> np.ndarray:
-    """A mask of the steps in the first epoch of their fit (a fit starts at a step without a host gap)."""
-    starts = np.isnan(steps[:, _S["host_gap_ms"]])
-    starts[:1] = True
-    fit = np.cumsum(starts) - 1
-    return steps[:, _S["epoch"]] == steps[starts, _S["epoch"]][fit]
-
-
-def _epochs(steps: np.ndarray) -> int:
-    """The epochs the steps ran in: a new one at each change of epoch and at each fit's first step."""
-    if not len(steps):
-        return 0
-    epoch, first = steps[:, _S["epoch"]], np.isnan(steps[:, _S["host_gap_ms"]])
-    return 1 + int(np.count_nonzero((epoch[1:] != epoch[:-1]) | first[1:]))
-
-
-def _percentiles(values: np.ndarray) -> dict[str, float | None]:
-    values = values[~np.isnan(values)]  # fits without input timing mixed with fits with it
-    if not len(values):
-        return {"median": None, "p90": None}
-    median, p90 = np.percentile(values, [50, 90])
-    return {"median": round(float(median), 4), "p90": round(float(p90), 4)}
 
 
 class GapDigest:
@@ -504,30 +342,6 @@ class DeviceDigest:
         self.util += other.util
         self._stats(other.stats)
 
-    def figures(self, idle_pct: float) -> dict[str, Any]:
-        """util_mean, idle_fraction, samples and the stats columns a summary shows."""
-        if self.raw is not None:
-            util = _joined(self.raw["util"], len(schema.UTIL_COLUMNS))[:, 1]
-            stats = _joined(self.raw["stats"], len(schema.STAT_COLUMNS))
-            return {"util_mean": _round(float(util.mean())) if len(util) else None,
-                    "idle_fraction": _round(float((util <= idle_pct).mean())) if len(util) else None,
-                    "samples": len(util),
-                    "memory_used_max_mib": _column_stat(stats, "memory_used_mib", np.nanmax),
-                    "memory_total_mib": _column_stat(stats, "memory_total_mib", np.nanmax),
-                    "power_mean_w": _column_stat(stats, "power_w", np.nanmean),
-                    "sm_activity_mean": _column_stat(stats, "sm_activity_pct", np.nanmean),
-                    "sm_occupancy_mean": _column_stat(stats, "sm_occupancy_pct", np.nanmean)}
-        count = int(self.util[0])
-        idle = float(self.util[2:2 + int(np.clip(math.floor(idle_pct), -1, 100)) + 1].sum())
-        maxima = len(STAT_MAX)
-        means = [self.stats[maxima + 2 * i] / self.stats[maxima + 2 * i + 1] if self.stats[maxima + 2 * i + 1] > 0
-                 else math.nan for i in range(len(STAT_MEAN))]
-        return {"util_mean": _round(self.util[1] / count) if count else None,
-                "idle_fraction": _round(idle / count) if count else None, "samples": count,
-                "memory_used_max_mib": _round(self.stats[0]), "memory_total_mib": _round(self.stats[1]),
-                "power_mean_w": _round(means[0]), "sm_activity_mean": _round(means[1]),
-                "sm_occupancy_mean": _round(means[2])}
-
     def state(self) -> dict[str, np.ndarray]:
         return {"rows": np.array([self.rows], dtype=np.float64), "util": self.util, "stats": self.stats}
 
@@ -538,19 +352,6 @@ class DeviceDigest:
         out.rows = int(state["rows"][0])
         out.util, out.stats = _shaped(state["util"], out.util.shape), _shaped(state["stats"], out.stats.shape)
         return out
-
-
-def _joined(parts: list[np.ndarray], width: int) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.empty((0, width))
-
-
-def _column_stat(stats: np.ndarray, column: str, reduce: Any) -> float | None:
-    values = stats[:, _STAT[column]]
-    return None if not len(values) or np.isnan(values).all() else _round(float(reduce(values)))
-
-
-def _round(value: float) -> float | None:
-    return None if math.isnan(value) else round(float(value), 4)
 
 
 def _shaped(value: Any, shape: tuple[int, ...], rows_vary: bool = False) -> np.ndarray:

@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
+from rnnmon.analysis.digest_figures import step_figures
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import digest, digest_file, index, schema
 from rnnmon.format.digest_read import read_run
@@ -169,8 +170,8 @@ def test_a_digest_survives_its_bytes_and_merges_in_order():
     second.steps.fit_epoch = parts.steps.fit_epoch
     second.add(schema.STEPS_TAG, rows[70:])
     parts.merge(digest.RunDigest.loads(second.dumps()))
-    figures = parts.steps.figures(np.nan, "cache", np.empty((0, 3)), [])
-    exact = whole.steps.figures(np.nan, "cache", np.empty((0, 3)), [])
+    figures = step_figures(parts.steps, np.nan, "cache", np.empty((0, 3)), [])
+    exact = step_figures(whole.steps, np.nan, "cache", np.empty((0, 3)), [])
     assert parts.steps.raw is None and whole.steps.raw is not None
     for key in ("steps", "epochs", "kept", "measured"):
         assert figures[key] == exact[key]

@@ -1,0 +1,231 @@
+"""The summary's figures from a run's digest (`rnnmon.format.digest`): exact from the rows while the digest keeps
+them, else from its aggregates (sums exact; percentiles from the buckets, within `digest.RELATIVE_ERROR`; the wait
+beyond the fetch floor and the robust input share bucket by bucket; slow steps from the slowest kept whole).
+
+Example:
+    >>> step_figures(digest.steps, floor_s, cache, phases, shapes)["step_ms"]
+    {'median': 19.98, 'p90': 21.4}
+    >>> device_figures(digest.devices[0], idle_pct=5.0)["util_mean"]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from rnnmon.analysis.fit_time import PARTS, SLOW_FACTOR, SLOW_MIN_S, _fit_spans_s, _listed, _new_shape, _slow, fit_time
+from rnnmon.analysis.input_share import OUTLIERS_FRACTION, OUTLIERS_MIN, pipeline_wait_s, robust_share
+from rnnmon.format import schema
+from rnnmon.format.digest import (
+    BUCKETS,
+    EDGES_MS,
+    STAT_MAX,
+    STAT_MEAN,
+    TOP,
+    DeviceDigest,
+    StepDigest,
+    bucket_of,
+    quantile,
+)
+
+_S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
+_STAT = {name: i for i, name in enumerate(schema.STAT_COLUMNS)}
+
+
+def step_figures(digest: StepDigest, floor_s: float, cache: Any, phases: np.ndarray,
+            shapes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a summary takes from the steps (see `rnnmon.analysis.summary.summarize`)."""
+    if digest.raw is not None:
+        return _exact(np.concatenate(digest.raw) if digest.raw else np.empty((0, len(schema.STEP_COLUMNS))),
+                      floor_s, cache, phases, shapes)
+    return _approximate(digest, floor_s, cache, phases, shapes)
+
+def _approximate(digest: StepDigest, floor_s: float, cache: Any, phases: np.ndarray,
+                 shapes: list[dict[str, Any]]) -> dict[str, Any]:
+    duration_s, gap_s, wait_s, waited = digest.sums.tolist()
+    measured = waited > 0
+    floor_ms = 0.0 if math.isnan(floor_s) else 1e3 * floor_s
+    hist = digest.wait_hist
+    counts = hist[:, 0].sum(axis=0)
+    filling_steps = int(hist[1, 0].sum()) if cache else 0
+    split = measured and 0 < filling_steps < digest.kept
+    judged = hist[0] if split else hist.sum(axis=0)
+    beyond = _beyond(judged, floor_ms)
+    waits = counts.copy()
+    waits[0] -= digest.unwaited.sum()
+    figures = {
+        "steps": int(digest.batches), "epochs": digest.changes + 1 if digest.rows else 0, "kept": digest.kept,
+        "duration_s": duration_s, "gap_s": gap_s, "wait_s": wait_s, "measured": measured,
+        "step_ms": _hist_percentiles(digest.step_hist[0]),
+        "input_wait_ms": _hist_percentiles(waits) if measured else None,
+        "input_share": _robust(beyond, judged[3], judged[0]) if measured else None,
+        "beyond_floor_s": float(beyond.sum()) if measured else None,
+        "cache_fill": None}
+    if split:
+        fill_beyond = _beyond(hist[1], floor_ms)
+        figures["cache_fill"] = {"stage": cache, "steps": filling_steps,
+                                 "wait_s": round(float(fill_beyond.sum()), 3),
+                                 "input_share": _robust(fill_beyond, hist[1, 3], hist[1, 0])}
+    figures["time_s"], figures["slow_count"], figures["slow_steps"] = _fit_time(digest, floor_s, phases, shapes)
+    return figures
+
+def _fit_time(digest: StepDigest, floor_s: float, phases: np.ndarray,
+              shapes: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int], list[dict[str, Any]]]:
+    """`fit_time` from the fit boundaries, the sums and the slowest steps kept, against the median read from the
+    step-time buckets; slow steps beyond those kept (more than `TOP`) are counted and timed from the buckets
+    wholly above the slow threshold, their cause unknown."""
+    n, m = len(digest.firsts), len(digest.stretches)
+    outline = np.zeros((n + m, len(schema.STEP_COLUMNS)))
+    outline[:n, _S["host_gap_ms"]] = np.nan  # each fit's first step, then one row spanning each stretch
+    outline[:n, _S["begin"]], outline[:n, _S["end"]] = digest.firsts[:, 0], digest.firsts[:, 1]
+    outline[n:, _S["begin"]], outline[n:, _S["end"]] = digest.stretches[:, 1], digest.stretches[:, 2]
+    duration_s, gap_s, wait_s, _ = digest.sums.tolist()
+    phase_s = {kind: float((phases[:, 2] - phases[:, 1])[phases[:, 0] == k].sum())
+               for k, kind in enumerate(schema.PHASE_KINDS)}
+    top = digest.top
+    begin, batches = top[:, _S["begin"]], np.maximum(top[:, _S["batches"]], 1)
+    duration = top[:, _S["end"]] - begin
+    median_s = 1e-3 * quantile(digest.step_hist[0], 0.5) if digest.kept else 0.0
+    new_shape = _new_shape(begin, shapes)
+    wait = np.nan_to_num(top[:, _S["input_wait_ms"]] / 1e3)
+    excess, cause = _slow(duration, batches, pipeline_wait_s(wait, batches, floor_s), new_shape, median_s)
+    recompiles, slow = float(excess[cause == "recompile"].sum()), float(excess[cause == "unknown"].sum())
+    counts = {name: int((cause == name).sum()) for name in ("recompile", "input", "unknown")}
+    if len(top) == TOP:  # the slow steps the top does not hold: in buckets wholly above the threshold
+        threshold_ms = 1e3 * max(SLOW_FACTOR * median_s, median_s + SLOW_MIN_S)
+        cut = int(bucket_of(np.array([threshold_ms]))[0]) + 1
+        held = bucket_of(1e3 * duration / batches) >= cut
+        rest = digest.step_hist[:, cut:].sum(axis=1) - (held.sum(), duration[held].sum(), batches[held].sum())
+        if rest[0] > 0:
+            counts["unknown"] += int(rest[0])
+            slow += max(float(rest[1] - median_s * rest[2]), 0.0)
+    times = {"fit": _fit_spans_s(outline, phases), "warmup": phase_s["warmup"],
+             "steps": duration_s - recompiles - slow, "recompiles": recompiles, "slow_steps": slow,
+             "host_gaps": gap_s, "validation": phase_s["eval"], "epoch_ends": phase_s["epoch_end"],
+             "profiling": phase_s["profile"], "input_wait": wait_s}
+    times["unaccounted"] = times["fit"] - sum(times[part] for part in PARTS)
+    times["training"] = times["fit"] - times["warmup"]
+    return ({name: round(seconds, 4) for name, seconds in times.items()}, counts,
+            _listed(top, duration, excess, cause, new_shape, shapes))
+
+def _beyond(hist: np.ndarray, floor_ms: float) -> np.ndarray:
+    """Per wait bucket: the wait beyond the fetch floor (s) of its steps."""
+    beyond = np.maximum(hist[1] - 1e-3 * floor_ms * hist[2], 0.0)
+    upper = EDGES_MS
+    return np.where(upper <= floor_ms, 0.0, beyond)
+
+
+def _robust(part: np.ndarray, whole: np.ndarray, counts: np.ndarray) -> float | None:
+    """`robust_share` over wait buckets (ascending): the largest waits dropped bucket by bucket from the top, the
+    bucket at the cut in proportion to its steps."""
+    total = float(counts.sum())
+    if total <= 0:
+        return None
+    drop = max(OUTLIERS_MIN, math.ceil(OUTLIERS_FRACTION * total))
+    kept = np.ones(BUCKETS)
+    if total > 2 * drop:
+        above = np.cumsum(counts[::-1])[::-1] - counts  # steps in the buckets above each
+        taken = np.clip(drop - above, 0, counts)
+        kept = np.divide(counts - taken, counts, out=np.zeros(BUCKETS), where=counts > 0)
+    whole_s = float((whole * kept).sum())
+    return round(float((part * kept).sum()) / whole_s, 4) if whole_s > 0 else None
+
+
+def _hist_percentiles(counts: np.ndarray) -> dict[str, float | None]:
+    if counts.sum() <= 0:
+        return {"median": None, "p90": None}
+    return {"median": round(quantile(counts, 0.5), 4), "p90": round(quantile(counts, 0.9), 4)}
+
+
+def _exact(steps: np.ndarray, floor_s: float, cache: Any, phases: np.ndarray,
+           shapes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The step figures from the whole step table."""
+    kept = ~np.isnan(steps[:, _S["host_gap_ms"]])  # each fit's first step: tracing, iterator creation
+    column = {name: steps[:, _S[name]][kept] for name in ("begin", "end", "input_wait_ms", "host_gap_ms", "batches")}
+    batches = column["batches"]
+    duration = column["end"] - column["begin"]
+    wait = column["input_wait_ms"] / 1e3
+    gap = column["host_gap_ms"] / 1e3
+    measured = bool(len(wait)) and not np.isnan(wait).all()
+    filling = _first_epochs(steps)[kept] if cache else np.zeros(len(duration), dtype=bool)
+    split = measured and bool(filling.any()) and not filling.all()
+    figures: dict[str, Any] = {
+        "steps": int(steps[:, _S["batches"]].sum()), "epochs": _epochs(steps), "kept": len(duration),
+        "duration_s": float(duration.sum()), "gap_s": float(gap.sum()), "wait_s": float(np.nansum(wait)),
+        "measured": measured, "step_ms": _percentiles(1e3 * duration / np.maximum(batches, 1)),
+        "input_wait_ms": _percentiles(1e3 * wait / np.maximum(batches, 1)) if measured else None,
+        "input_share": None, "beyond_floor_s": None, "cache_fill": None}
+    if measured:  # the wait beyond the fetch floor, against each step with the gap before it
+        beyond, whole = pipeline_wait_s(wait, batches, floor_s), duration + gap
+        judged = ~filling if split else np.ones(len(duration), dtype=bool)
+        figures["input_share"] = robust_share(beyond[judged], whole[judged])
+        figures["beyond_floor_s"] = float(np.nansum(beyond[judged]))
+        if split:
+            figures["cache_fill"] = {"stage": cache, "steps": int(filling.sum()),
+                                     "wait_s": round(float(beyond[filling].sum()), 3),
+                                     "input_share": robust_share(beyond[filling], whole[filling])}
+    figures["time_s"], figures["slow_count"], figures["slow_steps"] = fit_time(steps, phases, shapes, floor_s)
+    return figures
+
+
+def _first_epochs(steps: np.ndarray) -> np.ndarray:
+    """A mask of the steps in the first epoch of their fit (a fit starts at a step without a host gap)."""
+    starts = np.isnan(steps[:, _S["host_gap_ms"]])
+    starts[:1] = True
+    fit = np.cumsum(starts) - 1
+    return steps[:, _S["epoch"]] == steps[starts, _S["epoch"]][fit]
+
+
+def _epochs(steps: np.ndarray) -> int:
+    """The epochs the steps ran in: a new one at each change of epoch and at each fit's first step."""
+    if not len(steps):
+        return 0
+    epoch, first = steps[:, _S["epoch"]], np.isnan(steps[:, _S["host_gap_ms"]])
+    return 1 + int(np.count_nonzero((epoch[1:] != epoch[:-1]) | first[1:]))
+
+
+def _percentiles(values: np.ndarray) -> dict[str, float | None]:
+    values = values[~np.isnan(values)]  # fits without input timing mixed with fits with it
+    if not len(values):
+        return {"median": None, "p90": None}
+    median, p90 = np.percentile(values, [50, 90])
+    return {"median": round(float(median), 4), "p90": round(float(p90), 4)}
+
+
+def device_figures(digest: DeviceDigest, idle_pct: float) -> dict[str, Any]:
+    """util_mean, idle_fraction, samples and the stats columns a summary shows."""
+    if digest.raw is not None:
+        util = _joined(digest.raw["util"], len(schema.UTIL_COLUMNS))[:, 1]
+        stats = _joined(digest.raw["stats"], len(schema.STAT_COLUMNS))
+        return {"util_mean": _round(float(util.mean())) if len(util) else None,
+                "idle_fraction": _round(float((util <= idle_pct).mean())) if len(util) else None,
+                "samples": len(util),
+                "memory_used_max_mib": _column_stat(stats, "memory_used_mib", np.nanmax),
+                "memory_total_mib": _column_stat(stats, "memory_total_mib", np.nanmax),
+                "power_mean_w": _column_stat(stats, "power_w", np.nanmean),
+                "sm_activity_mean": _column_stat(stats, "sm_activity_pct", np.nanmean),
+                "sm_occupancy_mean": _column_stat(stats, "sm_occupancy_pct", np.nanmean)}
+    count = int(digest.util[0])
+    idle = float(digest.util[2:2 + int(np.clip(math.floor(idle_pct), -1, 100)) + 1].sum())
+    maxima = len(STAT_MAX)
+    means = [digest.stats[maxima + 2 * i] / digest.stats[maxima + 2 * i + 1] if digest.stats[maxima + 2 * i + 1] > 0
+             else math.nan for i in range(len(STAT_MEAN))]
+    return {"util_mean": _round(digest.util[1] / count) if count else None,
+            "idle_fraction": _round(idle / count) if count else None, "samples": count,
+            "memory_used_max_mib": _round(digest.stats[0]), "memory_total_mib": _round(digest.stats[1]),
+            "power_mean_w": _round(means[0]), "sm_activity_mean": _round(means[1]),
+            "sm_occupancy_mean": _round(means[2])}
+
+def _joined(parts: list[np.ndarray], width: int) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty((0, width))
+
+
+def _column_stat(stats: np.ndarray, column: str, reduce: Any) -> float | None:
+    values = stats[:, _STAT[column]]
+    return None if not len(values) or np.isnan(values).all() else _round(float(reduce(values)))
+
+
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(float(value), 4)
