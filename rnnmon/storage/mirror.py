@@ -25,6 +25,7 @@ import threading
 from typing import Any
 
 from rnnmon.format.eventfile import EVENT_FILE_MARK
+from rnnmon.format.index import INDEX_DIR
 from rnnmon.format.schema import RUN_SUBDIR
 from rnnmon.storage import remote
 
@@ -70,7 +71,7 @@ class Mirror:
                     continue  # not under the root, or a name that would leave the mirror
                 if mirrored(rel):
                     objects[rel] = _version(info)
-            for rel, version in sorted(objects.items()):
+            for rel, version in sorted(objects.items(), key=_indexes_first):
                 if self._seen.get(rel) != version or not os.path.exists(self._local(rel)):
                     self._download(rel)
                     self._seen[rel] = version
@@ -134,3 +135,9 @@ def _version(info: dict[str, Any]) -> list[Any]:
     if tag is None:
         tag = str(info.get("LastModified") or info.get("updated") or info.get("mtime") or "")
     return [int(info.get("size") or 0), str(tag)]
+
+
+def _indexes_first(item: tuple[str, Any]) -> tuple[bool, str]:
+    """Reading indexes before event files (as the uploader puts them): a copied index never names events the copy
+    of its event file lacks."""
+    return f"/{INDEX_DIR}/" not in f"/{item[0]}", item[0]

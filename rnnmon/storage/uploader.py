@@ -2,9 +2,11 @@
 
 Object stores cannot append, so the writer writes the run's files locally (the staging folder) and this thread
 puts whole files beside each other under the remote run folder: every file of the folder (event files, and any
-other file written there: profiles, indexes), each whole, once it changed, and each at most once per
+other file written there: profiles, reading indexes), each whole, once it changed, in passes at most once per
 `interval_s` (the growing event file is re-put at that bounded rate; a finished segment is put once more after
-its last write). Training never waits for it: each request has a deadline (`remote.TIMEOUT_S`).
+its last write). A run's reading index (`rnnmon-index/`) goes with every `INDEX_EVERY`-th pass and the last,
+before the event files, so the bucket's index never names events its copy of the event file lacks; readers read
+the events after it from the event file. Training never waits for it: each request has a deadline (`remote.TIMEOUT_S`).
 
 A failure (network down, throttled bucket, expired token) logs one warning, then the pass is retried with
 backoff (up to `MAX_BACKOFF_S`); the files stay in the staging folder, so nothing written is lost. The next good
@@ -29,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from rnnmon.format.index import INDEX_DIR
 from rnnmon.storage import remote
 
 LOG = logging.getLogger("rnnmon")
@@ -36,6 +39,7 @@ INTERVAL_S = 30.0  # each file is put at most once per this (the growing segment
 MAX_BACKOFF_S = 60.0
 EXIT_WAIT_S = 30.0  # at the process's exit, the longest the last uploads are waited for
 FINAL_RETRY_S = 600.0  # after the end of a fit (the process lives on), the last pass is retried this long
+INDEX_EVERY = 10  # the reading index is put with every 10th pass (and the last): readers read the tail after it
 SKIPPED = ("rnnmon.lock",)  # the local writer's lock: it means nothing on another host
 
 
@@ -49,7 +53,8 @@ class Uploader:
         self._fs: Any = None  # (finding credentials may ask a metadata server: never on the training thread)
         self._root = ""
         self._put: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime ns) last uploaded
-        self._last_put: dict[str, float] = {}
+        self._last_pass = -1e18  # monotonic time of the last pass that put what was due
+        self._passes = 0  # passes that put what was due: every INDEX_EVERY-th (from the first) puts the indexes too
         self._failing = False
         self._closing = threading.Event()
         self._done = threading.Event()
@@ -118,15 +123,17 @@ class Uploader:
         try:
             if self._fs is None:
                 self._fs, self._root = remote.filesystem(self.url)
+            if not final and now - self._last_pass < self.interval_s:
+                return True
+            indexes = final or self._passes % INDEX_EVERY == 0
             for rel, key in self._files():
-                if self._put.get(rel) == key:
-                    continue
-                if not final and now - self._last_put.get(rel, -1e18) < self.interval_s:
+                if self._put.get(rel) == key or (_in_index(rel) and not indexes):
                     continue
                 with open(os.path.join(self.local_dir, rel), "rb") as f:
                     data = f.read(key[0])  # the bytes the size promised: never a longer, half-written tail
                 self._fs.pipe_file(remote.join(self._root, rel), data)
-                self._put[rel], self._last_put[rel] = (len(data), key[1]), now
+                self._put[rel] = (len(data), key[1])
+            self._last_pass, self._passes = now, self._passes + 1
         except Exception as error:
             self.failures += 1
             if not self._failing:
@@ -141,7 +148,9 @@ class Uploader:
         return True
 
     def _files(self) -> list[tuple[str, tuple[int, int]]]:
-        """(relative path, (size, mtime ns)) of every regular file under the folder, oldest change first."""
+        """(relative path, (size, mtime ns)) of every regular file under the folder: the reading indexes first, then
+        the others, each oldest change first. The writer writes an event file before its index, so an index put
+        before its event file never names events the bucket's copy lacks (a reader would set it aside)."""
         found = []
         for folder, _, names in os.walk(self.local_dir):
             for name in names:
@@ -151,7 +160,8 @@ class Uploader:
                 with contextlib.suppress(OSError):
                     st = os.stat(path)
                     found.append((st.st_mtime_ns, os.path.relpath(path, self.local_dir), st.st_size))
-        return [(rel, (size, mtime)) for mtime, rel, size in sorted(found)]
+        return [(rel, (size, mtime)) for _, mtime, rel, size in sorted((not _in_index(rel), mtime, rel, size)
+                                                                     for mtime, rel, size in found)]
 
     def _cleanup(self) -> None:
         """Remove the uploaded files from staging (what was not uploaded stays)."""
@@ -159,6 +169,10 @@ class Uploader:
             if self._put.get(rel) == key:
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(self.local_dir, rel))
+
+
+def _in_index(rel: str) -> bool:
+    return rel.split("/", 1)[0] == INDEX_DIR
 
 
 def _describe(error: BaseException, url: str) -> str:
