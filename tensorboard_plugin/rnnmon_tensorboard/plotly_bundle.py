@@ -5,12 +5,14 @@ fetch it once, at the full bundle's version, with
 
     python -m rnnmon_tensorboard.plotly_bundle
 
-(.ci/setup does). The download is checked against the npm registry's sha512 before it is kept.
+(.ci/setup does). The download is checked against the npm registry's sha512 before it is kept, and kept gzipped
+too, so that a fresh TensorBoard's first request does not pay the compression (~0.05 s).
 """
 
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import importlib.util
 import io
@@ -39,6 +41,18 @@ def bundle_path(vendor_dir: str = VENDOR_DIR) -> str | None:
     return partial if os.path.isfile(partial) else full_bundle()
 
 
+def gzipped(vendor_dir: str = VENDOR_DIR) -> bytes | None:
+    """The bundle to serve, gzipped: the partial one as fetched, else the full one compressed now (None: neither)."""
+    path = bundle_path(vendor_dir)
+    if path is None:
+        return None
+    if os.path.isfile(f"{path}.gz"):
+        with open(f"{path}.gz", "rb") as f:
+            return f.read()
+    with open(path, "rb") as f:
+        return gzip.compress(f.read(), compresslevel=6, mtime=0)
+
+
 def version(path: str) -> str:
     """The plotly.js version in a bundle's header: `* plotly.js v4.1.1`, `* plotly.js (cartesian - minified) v4.1.1`."""
     with open(path, "rb") as f:
@@ -64,14 +78,14 @@ def fetch(vendor_dir: str = VENDOR_DIR, registry: str = "https://registry.npmjs.
     with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as archive:
         member = archive.extractfile(f"package/{PARTIAL}")
         data = member.read() if member else b""
+    if not re.search(rb"plotly\.js[^\n]* v" + re.escape(wanted.encode()), data[:512]):
+        raise RuntimeError(f"{PACKAGE} {wanted} holds another plotly.js version")
     os.makedirs(vendor_dir, exist_ok=True)
     path = os.path.join(vendor_dir, PARTIAL)
-    with open(f"{path}.tmp", "wb") as f:
-        f.write(data)
-    os.replace(f"{path}.tmp", path)
-    if version(path) != wanted:
-        os.remove(path)
-        raise RuntimeError(f"{PACKAGE} {wanted} holds another plotly.js version")
+    for name, content in ((f"{path}.gz", gzip.compress(data, compresslevel=9, mtime=0)), (path, data)):
+        with open(f"{name}.tmp", "wb") as f:
+            f.write(content)
+        os.replace(f"{name}.tmp", name)  # the .js last: it marks the bundle fetched, and the .gz is what is served
     return path
 
 

@@ -23,7 +23,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import gzip
 import ipaddress
 import json
 import math
@@ -580,13 +579,11 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 sum(size for _, size, _ in version))
 
     def _plotly_bundle(self) -> bytes:
-        """plotly.js (`plotly_bundle`: the partial bundle when fetched, else the full one), gzipped once."""
+        """plotly.js gzipped (`plotly_bundle`: the partial bundle when fetched, else the full one), read once."""
         if self._plotly_gz is None:
-            path = plotly_bundle.bundle_path()
-            if path is None:
+            self._plotly_gz = plotly_bundle.gzipped()
+            if self._plotly_gz is None:
                 raise errors.NotFoundError("The plotly package is not installed: pip install plotly")
-            with open(path, "rb") as f:
-                self._plotly_gz = gzip.compress(f.read(), compresslevel=6, mtime=0)
         return self._plotly_gz
 
 

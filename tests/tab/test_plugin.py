@@ -430,14 +430,18 @@ def test_static_files_and_plotly_bundle(client):
     assert response.headers["Content-Encoding"] == "gzip"
     with open(plotly_bundle.bundle_path(), "rb") as f:  # the partial bundle where it was fetched, else the full one
         assert gzip.decompress(response.get_data()) == f.read()
+    assert response.get_data() == plotly_bundle.gzipped()  # a fetched bundle as stored gzipped
 
 
 def test_the_partial_plotly_bundle_is_served_when_fetched_and_checked_before_it_is_kept(tmp_path):
     """The tab loads npm's cartesian bundle (1.5 MB) where it was fetched, else the plotly package's (4.8 MB); the
-    fetch takes the full bundle's version and keeps nothing whose digest the registry does not vouch for."""
+    fetch takes the full bundle's version, keeps nothing whose digest the registry does not vouch for, and keeps it
+    gzipped as served."""
     vendor = str(tmp_path / "vendor")
     full = plotly_bundle.full_bundle()
     assert plotly_bundle.bundle_path(vendor) == full
+    with open(full, "rb") as f:
+        assert gzip.decompress(plotly_bundle.gzipped(vendor)) == f.read()
     wanted = plotly_bundle.version(full)
     script = f"/**\n* plotly.js (cartesian - minified) v{wanted}\n*/\nvar Plotly = {{}};\n".encode()
     tarball = io.BytesIO()
@@ -477,6 +481,8 @@ def test_the_partial_plotly_bundle_is_served_when_fetched_and_checked_before_it_
     assert asked[0] == f"/{plotly_bundle.PACKAGE}/{wanted}"
     with open(path, "rb") as f:
         assert plotly_bundle.bundle_path(vendor) == path and f.read() == script
+    with open(f"{path}.gz", "rb") as f:  # kept gzipped: served as stored, never compressed at a request
+        assert plotly_bundle.gzipped(vendor) == f.read() and gzip.decompress(plotly_bundle.gzipped(vendor)) == script
 
 
 def test_no_javascript_copies_what_the_routes_serve():
