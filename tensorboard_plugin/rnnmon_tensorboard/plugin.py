@@ -23,8 +23,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import gzip
-import importlib.util
 import ipaddress
 import json
 import math
@@ -49,6 +47,7 @@ from rnnmon.format import schema
 from rnnmon.format.digest_read import read_run
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
 
+from . import plotly_bundle
 from .indexed_timeline import IndexedTimeline
 from .read_ahead import ReadAhead
 from .remote_runs import RemoteRuns
@@ -580,14 +579,11 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 sum(size for _, size, _ in version))
 
     def _plotly_bundle(self) -> bytes:
-        """plotly.js from the installed `plotly` package, gzipped once."""
+        """plotly.js gzipped (`plotly_bundle`: the partial bundle when fetched, else the full one), read once."""
         if self._plotly_gz is None:
-            spec = importlib.util.find_spec("plotly")
-            if spec is None or not spec.submodule_search_locations:
+            self._plotly_gz = plotly_bundle.gzipped()
+            if self._plotly_gz is None:
                 raise errors.NotFoundError("The plotly package is not installed: pip install plotly")
-            path = os.path.join(next(iter(spec.submodule_search_locations)), "package_data", "plotly.min.js")
-            with open(path, "rb") as f:
-                self._plotly_gz = gzip.compress(f.read(), compresslevel=6, mtime=0)
         return self._plotly_gz
 
 

@@ -4,7 +4,10 @@ the thresholds file the tab reads and saves (its only write)."""
 from __future__ import annotations
 
 import argparse
+import base64
 import gzip
+import hashlib
+import http.server
 import io
 import json
 import os
@@ -14,6 +17,8 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
+import threading
 import time
 import urllib.request
 
@@ -21,6 +26,7 @@ import numpy as np
 import pytest
 from conftest import stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed, library_missing
+from rnnmon_tensorboard import plotly_bundle
 from rnnmon_tensorboard import plugin as plugin_module
 from rnnmon_tensorboard.downsample import MinMaxPyramid, bin_intervals, minmax_indices
 from rnnmon_tensorboard.loader import RnnmonLoader
@@ -422,11 +428,61 @@ def test_static_files_and_plotly_bundle(client):
     assert client.get(ROUTE + "style.css").mimetype == "text/css"
     response = client.get(ROUTE + "plotly.min.js", headers={"Accept-Encoding": "gzip"})
     assert response.headers["Content-Encoding"] == "gzip"
-    import plotly
-
-    bundle = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
-    with open(bundle, "rb") as f:
+    with open(plotly_bundle.bundle_path(), "rb") as f:  # the partial bundle where it was fetched, else the full one
         assert gzip.decompress(response.get_data()) == f.read()
+    assert response.get_data() == plotly_bundle.gzipped()  # a fetched bundle as stored gzipped
+
+
+def test_the_partial_plotly_bundle_is_served_when_fetched_and_checked_before_it_is_kept(tmp_path):
+    """The tab loads npm's cartesian bundle (1.5 MB) where it was fetched, else the plotly package's (4.8 MB); the
+    fetch takes the full bundle's version, keeps nothing whose digest the registry does not vouch for, and keeps it
+    gzipped as served."""
+    vendor = str(tmp_path / "vendor")
+    full = plotly_bundle.full_bundle()
+    assert plotly_bundle.bundle_path(vendor) == full
+    with open(full, "rb") as f:
+        assert gzip.decompress(plotly_bundle.gzipped(vendor)) == f.read()
+    wanted = plotly_bundle.version(full)
+    script = f"/**\n* plotly.js (cartesian - minified) v{wanted}\n*/\nvar Plotly = {{}};\n".encode()
+    tarball = io.BytesIO()
+    with tarfile.open(fileobj=tarball, mode="w:gz") as archive:
+        info = tarfile.TarInfo(f"package/{plotly_bundle.PARTIAL}")
+        info.size = len(script)
+        archive.addfile(info, io.BytesIO(script))
+    files = {f"/{plotly_bundle.PACKAGE}/-/bundle.tgz": tarball.getvalue()}
+    asked = []
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            body = files.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    registry = f"http://127.0.0.1:{server.server_port}"
+    try:
+        for digest in (hashlib.sha512(b"another tarball").digest(), hashlib.sha512(tarball.getvalue()).digest()):
+            files[f"/{plotly_bundle.PACKAGE}/{wanted}"] = json.dumps({"dist": {
+                "tarball": f"{registry}/{plotly_bundle.PACKAGE}/-/bundle.tgz",
+                "integrity": "sha512-" + base64.b64encode(digest).decode()}}).encode()
+            if digest != hashlib.sha512(tarball.getvalue()).digest():
+                with pytest.raises(RuntimeError, match="digest"):
+                    plotly_bundle.fetch(vendor, registry)
+                assert plotly_bundle.bundle_path(vendor) == full  # nothing kept
+        path = plotly_bundle.fetch(vendor, registry)
+    finally:
+        server.shutdown()
+    assert asked[0] == f"/{plotly_bundle.PACKAGE}/{wanted}"
+    with open(path, "rb") as f:
+        assert plotly_bundle.bundle_path(vendor) == path and f.read() == script
+    with open(f"{path}.gz", "rb") as f:  # kept gzipped: served as stored, never compressed at a request
+        assert plotly_bundle.gzipped(vendor) == f.read() and gzip.decompress(plotly_bundle.gzipped(vendor)) == script
 
 
 def test_no_javascript_copies_what_the_routes_serve():

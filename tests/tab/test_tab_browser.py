@@ -361,6 +361,30 @@ def test_a_workers_chart_never_waits_for_its_jobs_workers(browser, tensorboard):
     assert not [p for p in problems if "ERR_FAILED" not in p]
 
 
+def test_the_data_is_read_while_plotly_loads(browser, tensorboard):
+    # The tab awaited plotly.min.js (4.8 MB, ~1.3 s to load and run on a fresh page) before asking /runs, /timeline
+    # and /summary: the first drawing paid both one after the other.
+    page = browser.new_page(viewport={"width": 1400, "height": 1250})
+    held, asked = [], []
+    page.route("**/data/plugin/rnnmon/plotly.min.js", lambda route: held.append(route))  # answered below
+    page.on("request", lambda request: asked.append(request.url))
+    try:
+        page.goto(f"{tensorboard}/#rnnmon")
+        frame = page.frame_locator("iframe")
+        frame.locator("#rm-plot").wait_for(state="attached", timeout=30_000)
+        deadline = time.monotonic() + 30
+        while not all(any(f"/rnnmon/{route}?" in url for url in asked) for route in ("timeline", "summary")):
+            assert time.monotonic() < deadline, f"no /timeline and /summary while plotly loads: {asked}"
+            page.wait_for_timeout(100)
+        frame.locator(".rm-card .rm-steps").first.wait_for(timeout=30_000)  # the cards need no plotly
+        assert held and not frame.locator("#rm-plot .main-svg").count()
+        for route in held:
+            route.continue_()
+        frame.locator("#rm-plot .main-svg").first.wait_for(state="attached", timeout=30_000)  # drawn once it came
+    finally:
+        page.close()
+
+
 def test_gpu_run_and_an_unreadable_run(tab, tensorboard):
     page, frame, problems, _ = tab
     _select(frame, f"{GPU_RUN}/rnnmon", "unreadable/rnnmon")

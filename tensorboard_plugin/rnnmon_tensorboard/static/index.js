@@ -16,7 +16,7 @@ import {drawChart, loadPlotly} from "./chart.js";
 import {ROUTE, el} from "./dom.js";
 import {pollForever, readRunData, readRuns, readWorkers, selectedRuns, staleRuns, workersSignature} from "./polling.js";
 import {buildThresholdsPanel, loadThresholds, noteRuns, onThresholdsChange} from "./thresholds.js";
-import {drawWorkers} from "./workers.js";
+import {drawWorkers, redrawWorkers} from "./workers.js";
 
 const state = {runs: [], workerRun: null, selected: ["", ""], view: null, results: new Map(), written: new Map(),
   statuses: "", workers: ""}; // workers: the signature of the /workers answer drawn or being read
@@ -28,11 +28,12 @@ export async function render() {
     updateChart();
     drawAlerts(ui.alerts, selectedRuns(state), state.results);
   });
-  try {
-    await loadPlotly();
-  } catch (error) {
-    showMessage("error", "The chart library could not be loaded", [String(error.message || error)]);
-  }
+  // plotly (the largest file the tab loads) loads while the data is read: a chart or heatmap whose data comes
+  // first is drawn when it arrives
+  loadPlotly().then(() => {
+    updateChart();
+    redrawWorkers();
+  }, (error) => showMessage("error", "The chart library could not be loaded", [String(error.message || error)]));
   await pollForever(() => Promise.all([poll(), loadThresholds()]));
 }
 

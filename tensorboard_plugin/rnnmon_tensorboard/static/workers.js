@@ -60,7 +60,7 @@ export function drawWorkers(section, group) {
       view.all ? `Show the first ${TOP_N}` : `Show all ${rows.length} workers`);
     more.addEventListener("click", () => {
       view.all = !view.all;
-      redraw();
+      redrawWorkers();
     });
     parts.push(more);
   }
@@ -71,7 +71,8 @@ export function drawWorkers(section, group) {
   drawHeatmap(heat, group.heatmap, group.straggler);
 }
 
-function redraw() {
+// Draws the last group again (after a header click, "Show all", or plotly's arrival for the heatmap).
+export function redrawWorkers() {
   if (shown) drawWorkers(...shown);
 }
 
@@ -86,7 +87,7 @@ function headerRow() {
     th.addEventListener("click", () => {
       view.descending = active ? !view.descending : column.key !== "worker";
       view.sort = column.key;
-      redraw();
+      redrawWorkers();
     });
     top.append(th);
   }
