@@ -29,8 +29,17 @@ from rnnmon.format import schema
 from rnnmon.format.digest import RunDigest
 from rnnmon.format.digest_file import DigestMismatch, digested, read_records
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
-from rnnmon.format.index import DIRECTORY, DOCUMENTS, FileIndex, devices_in, index_folder, intact
-from rnnmon.format.reader import TAIL_GRACE_S, RunData, RunReader, Stored, decode_chunks, stored_as
+from rnnmon.format.index import (
+    DIRECTORY,
+    DOCUMENTS,
+    FileIndex,
+    devices_in,
+    index_folder,
+    intact,
+    marked_event,
+    stored_by,
+)
+from rnnmon.format.reader import TAIL_GRACE_S, RunData, RunReader, Stored, decode_chunks
 
 DOCUMENT_TAGS = frozenset({schema.RUN_TAG, schema.FINDINGS_TAG, schema.ALERTS_TAG, schema.SHAPES_TAG,
                            schema.PHASES_TAG})
@@ -86,9 +95,6 @@ def _listed_documents(event_path: str, through: int) -> list[bytes] | None:
 def _tail(event_path: str, through: int, digest: RunDigest, documents: RunReader | None,
           errors: list[str]) -> None:
     """Add the tables of the events from byte `through` on to `digest`, and their documents to `documents`."""
-    from google.protobuf.message import DecodeError
-    from tensorboard.compat.proto import event_pb2
-
     cursor, more = RecordCursor(through), True
     name = os.path.basename(event_path)
     head = FileIndex(event_path)  # how the file describes each table: its first values' metadata
@@ -105,19 +111,13 @@ def _tail(event_path: str, through: int, digest: RunDigest, documents: RunReader
         if documents is not None:
             documents.update_from_records(name, scan.records)
         staged: dict[str, list[Any]] = {}
-        for record in scan.records:
-            if not any(mark in record for mark in _MARKS):
-                continue
-            try:
-                event = event_pb2.Event.FromString(record)
-            except DecodeError:
-                continue
+        for event in filter(None, (marked_event(record, _MARKS) for record in scan.records)):
             for value in event.summary.value:
                 if digested(value.tag):
                     staged.setdefault(value.tag, []).append(value.tensor)
-                    if value.HasField("metadata") and value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME:
-                        described[value.tag] = stored_as(
-                            value.tag, schema.parse_content(value.metadata.plugin_data.content))
+                    stored = stored_by(value)
+                    if stored is not None:
+                        described[value.tag] = stored
         for tag, tensors in staged.items():
             rows, _, _, failed = decode_chunks(tag, tensors, described.get(tag) or head.stored(tag))
             errors += [f"{tag}: {error}" for _, error in failed]

@@ -560,9 +560,6 @@ class FileIndex:
 
     def _scan_rest(self) -> None:
         """Index in memory the event file's records after the last chunk the disk index names (new ones only)."""
-        from google.protobuf.message import DecodeError
-        from tensorboard.compat.proto import event_pb2
-
         grew, more = False, True
         while more:
             start = self._cursor.offset
@@ -583,11 +580,8 @@ class FileIndex:
                 length = len(record) + 16
                 where = (position, length) if scan.problem is None else (0, 0)  # not located: never read back
                 position += length
-                if not any(mark in record for mark in _MARKS):
-                    continue
-                try:
-                    event = event_pb2.Event.FromString(record)
-                except DecodeError:
+                event = marked_event(record, _MARKS)
+                if event is None:
                     continue
                 for value in event.summary.value:
                     if drawn(value.tag):
@@ -605,28 +599,20 @@ class FileIndex:
 
     def _learn(self, value: Any) -> None:
         """Keep how a value's metadata describes its tag (its first value in the file carries it)."""
-        if value.HasField("metadata") and value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME:
-            self._stored[value.tag] = stored_as(value.tag, schema.parse_content(value.metadata.plugin_data.content))
+        stored = stored_by(value)
+        if stored is not None:
+            self._stored[value.tag] = stored
 
     def stored(self, tag: str) -> Stored | None:
         """How this file describes `tag`: learnt from its records, or from its first `SCAN_BYTES` once where the
         scan started past them (a disk index); None (as this reader writes it) where they do not say."""
         if tag not in self._stored and not self._head_read:
             self._head_read = True
-            from google.protobuf.message import DecodeError
-            from tensorboard.compat.proto import event_pb2
-
             try:
                 records = RecordCursor(0).scan(self.path, SCAN_BYTES).records
             except OSError:
                 records = []
-            for record in records:
-                if not any(mark in record for mark in _MARKS):
-                    continue
-                try:
-                    event = event_pb2.Event.FromString(record)
-                except DecodeError:
-                    continue
+            for event in filter(None, (marked_event(record, _MARKS) for record in records)):
                 for value in event.summary.value:
                     if drawn(value.tag) and value.tag not in self._stored:
                         self._learn(value)
@@ -689,6 +675,26 @@ def _tag_of(series: str) -> str:
     if series.startswith("sm"):
         return f"{schema.STATS_TAG_PREFIX}{series[2:]}"
     return schema.GAPS_TAG if series.startswith("gaps.") else schema.PHASES_TAG
+
+
+def marked_event(record: bytes, marks: tuple[bytes, ...]) -> Any:
+    """The event in `record` where it names one of `marks` (tags, as bytes) and decodes; else None."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
+
+    if not any(mark in record for mark in marks):
+        return None
+    try:
+        return event_pb2.Event.FromString(record)
+    except DecodeError:
+        return None
+
+
+def stored_by(value: Any) -> Stored | None:
+    """How an rnnmon summary value's metadata describes its tag (the first value of a tag in a file carries it)."""
+    if value.HasField("metadata") and value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME:
+        return stored_as(value.tag, schema.parse_content(value.metadata.plugin_data.content))
+    return None
 
 
 def read_chunk(path: str, entry: np.void, tag: str, stored: Stored | None = None) -> np.ndarray:
