@@ -5,8 +5,11 @@ Only the NVML C library is faked (tests/fake_nvml.py); everything else is the re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -131,3 +134,19 @@ def run_status(logdir) -> str | None:
         return read_run(str(logdir)).info.get("status")
     except KeyError:
         return None
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder, size: str):
+    """A real tmpfs of `size` ("512k", "2m") mounted at the new folder `folder`, unmounted after; the test is
+    skipped where one cannot be mounted (mounting needs root and mount(8))."""
+    folder.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

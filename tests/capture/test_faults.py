@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import keras
 import pytest
-from conftest import read_run, run_status, stalled_dataset, tiny_model
+from conftest import mounted_tmpfs, read_run, run_status, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
 
 from rnnmon import UtilizationMonitor
@@ -124,17 +124,8 @@ def test_alert_hook_that_exits_ends_hooks_not_recording(tmp_path, caplog):
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 2 MiB tmpfs (root only)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root and mount(8)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _fill(path) -> None:

@@ -7,11 +7,11 @@ import dataclasses
 import glob
 import os
 import shutil
-import subprocess
 import time
 
 import numpy as np
 import pytest
+from conftest import mounted_tmpfs
 from rnnmon_tensorboard.indexed_timeline import IndexedTimeline
 from rnnmon_tensorboard.timeline import TimelineIndex
 
@@ -187,17 +187,8 @@ def test_a_live_run_is_drawn_from_its_index_and_the_bytes_written_since(tmp_path
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 512 KiB tmpfs (root only)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root and mount(8)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "512k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_leaves_whole_index_records_and_the_data_wins(small_disk, caplog):
