@@ -37,7 +37,7 @@ from rnnmon.storage import remote
 LOG = logging.getLogger("rnnmon")
 INTERVAL_S = 30.0  # each file is put at most once per this (the growing segment's bounded rate)
 MAX_BACKOFF_S = 60.0
-EXIT_WAIT_S = 30.0  # at the process's exit, the longest the last uploads are waited for
+EXIT_WAIT_S = 30.0  # at the process's exit, the longest the last uploads are waited for (RNNMON_UPLOAD_EXIT_WAIT_S)
 FINAL_RETRY_S = 600.0  # after the end of a fit (the process lives on), the last pass is retried this long
 INDEX_EVERY = 10  # the reading index is put with every 10th pass (and the last): readers read the tail after it
 SKIPPED = ("rnnmon.lock",)  # the local writer's lock: it means nothing on another host
@@ -87,7 +87,7 @@ class Uploader:
             exiting = not threading.main_thread().is_alive()
             final = exiting or self._closing.is_set()
             if final:
-                limit = time.monotonic() + (EXIT_WAIT_S if exiting else FINAL_RETRY_S)
+                limit = time.monotonic() + (exit_wait_s() if exiting else FINAL_RETRY_S)
                 deadline = limit if deadline is None else min(deadline, limit)
             if self._pass(final):
                 backoff = 1.0
@@ -169,6 +169,14 @@ class Uploader:
             if self._put.get(rel) == key:
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(self.local_dir, rel))
+
+
+def exit_wait_s() -> float:
+    """How long the process's exit waits for the last uploads: `RNNMON_UPLOAD_EXIT_WAIT_S`, else `EXIT_WAIT_S`."""
+    try:
+        return max(float(os.environ.get("RNNMON_UPLOAD_EXIT_WAIT_S", EXIT_WAIT_S)), 0.0)
+    except ValueError:
+        return EXIT_WAIT_S
 
 
 def _in_index(rel: str) -> bool:

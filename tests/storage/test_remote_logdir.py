@@ -269,11 +269,9 @@ def test_jax_and_torch_fits_write_to_a_bucket_without_tensorflow(backend, kind, 
 
 @pytest.mark.slow
 def test_a_process_that_exits_with_the_store_down_names_what_stays_in_staging(monkeypatch, tmp_path):
-    """The S3 server is gone before the fit: the fit and the process end (the exit waits at most EXIT_WAIT_S for the
-    last upload), one warning names the staging folder, and the whole run is there; a later monitor of the same log
-    directory on this host uploads it once the store answers."""
-    from rnnmon.storage.uploader import EXIT_WAIT_S
-
+    """The S3 server is gone before the fit: the fit and the process end (the exit waits at most
+    RNNMON_UPLOAD_EXIT_WAIT_S, here 3 s, for the last upload), one warning names the staging folder, and the whole
+    run is there; a later monitor of the same log directory on this host uploads it once the store answers."""
     with ObjectStore("s3") as server:
         for name, value in server.env.items():
             monkeypatch.setenv(name, value)
@@ -284,9 +282,9 @@ def test_a_process_that_exits_with_the_store_down_names_what_stays_in_staging(mo
         server.stop()
         started = time.monotonic()
         child = subprocess.run([sys.executable, "-c", WRITER, url, TESTS, "10"], capture_output=True, text=True,
-                               timeout=240, env=os.environ)
+                               timeout=240, env=dict(os.environ, RNNMON_UPLOAD_EXIT_WAIT_S="3"))
         assert child.returncode == 0, child.stderr[-3000:]
-        assert time.monotonic() - started < EXIT_WAIT_S + 60  # import and fit, plus the bounded wait
+        assert time.monotonic() - started < 3 + 60  # import and fit, plus the bounded wait
         staging = remote.local_folder("staging", url)
         warnings = [line for line in child.stderr.splitlines() if line.startswith("WARNING:rnnmon:")]
         assert sum("cannot upload" in w for w in warnings) == 1, warnings
