@@ -326,8 +326,8 @@ class IndexWriter:
         self._documents: dict[int, None] = {}  # steps of staged events holding a document
         self.abandoned = False
 
-    def table(self, tag: str, rows: np.ndarray, packed: bytes | None, step: int,
-              layout: packing.Layout | None = None) -> None:
+    def table(self, tag: str, rows: np.ndarray, packed: bytes | None, layout: packing.Layout | None,
+              step: int) -> None:
         """Stage a chunk of a drawn tag, as readers will decode it (`packed`: its packed bytes in `layout`, the
         writer's, or None where it is stored as float64 in the layout's columns) and map it by column name; one a
         reader would refuse (wrong width, a non-finite time) is left out, as readers leave it out."""

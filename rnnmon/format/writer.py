@@ -43,6 +43,7 @@ from rnnmon.format.index import IndexWriter
 from rnnmon.format.schema import FINDINGS_TAG, RUN_TAG, tensor_metadata
 
 LOG = logging.getLogger("rnnmon")
+_Chunk = tuple[np.ndarray, bytes | None, packing.Layout | None]  # a table's rows, packed bytes and their layout
 _LATEST_WINS = (RUN_TAG, FINDINGS_TAG)  # tags whose latest value is the one read: rewritten into a new file
 
 
@@ -84,7 +85,7 @@ class SummaryWriter:
                 tensor_shape=tensor_shape_pb2.TensorShapeProto(
                     dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]),
                 tensor_content=array.tobytes())
-        self._add(tag, proto, lambda: tensor_metadata(tag, self.format, **extra), rows=(array, packed))
+        self._add(tag, proto, lambda: tensor_metadata(tag, self.format, **extra), rows=(array, packed, layout))
 
     def json(self, tag: str, value: Any) -> None:
         """A JSON document (run description, findings, alerts) as a string tensor."""
@@ -179,9 +180,9 @@ class SummaryWriter:
         return self._sequence
 
     def _add(self, tag: str, proto: tensor_pb2.TensorProto, metadata: Callable[[], summary_pb2.SummaryMetadata],
-             step: int | None = None, rows: tuple[np.ndarray, bytes | None] | None = None) -> None:
+             step: int | None = None, rows: _Chunk | None = None) -> None:
         """Add one value to the open event of its kind; a tag already in that event starts a new one. A table's
-        `rows` (and its packed bytes) go to the index, staged with the event that holds them."""
+        `rows` (with its packed bytes and their layout) go to the index, staged with the event that holds them."""
         value = summary_pb2.Summary.Value(tag=tag, tensor=proto)
         with self._lock:  # the training thread and the background thread both write
             if tag not in self._metadata:
@@ -195,7 +196,7 @@ class SummaryWriter:
                     self._tensors = event_pb2.Event(wall_time=time.time(), step=self._next_sequence())
                 self._tensors.summary.value.append(value)
                 if rows is not None:
-                    self._index.table(tag, *rows, self._tensors.step, packing.layout_of(tag, self.format))
+                    self._index.table(tag, *rows, self._tensors.step)
                 else:  # a document: the index lists its event, so a summary reads it without a scan
                     self._index.document(self._tensors.step)
             else:
