@@ -154,7 +154,10 @@ def test_full_disk_is_survived_and_the_status_lands_when_space_returns(small_dis
     run = _finished_run(small_disk / "exp", within_s=10)
     assert run.info["status"] == "finished" and len(run.steps) == 400  # nothing was lost
     assert read_logdir(str(small_disk))["exp/rnnmon"].errors == []  # no half-written record before the retries
-    assert any("writing to" in m and "again" in m for m in _messages(caplog, logging.WARNING))
+    deadline = time.monotonic() + 10  # logged by the writer thread after its write (and the index's) lands
+    while not any("writing to" in m and "again" in m for m in _messages(caplog, logging.WARNING)):
+        assert time.monotonic() < deadline, _messages(caplog, logging.WARNING)
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
