@@ -64,11 +64,13 @@ def test_validation_lasts_until_the_epoch_ends_and_epoch_end_hooks_are_no_valida
 
     class AtEpochEnd(keras.callbacks.Callback):  # before the monitor: its on_epoch_end runs before the monitor's
         def on_epoch_end(self, epoch, logs=None):
-            time.sleep(0.2)
+            time.sleep(0.4)
 
     x, y = sequences(12)
     tiny_model().fit(x[:256], y[:256], validation_data=(x[256:], y[256:]), epochs=2, batch_size=32, verbose=0,
                      callbacks=[AtEpochEnd(), UtilizationMonitor(str(tmp_path), audit=False), AfterTestEnd()])
     times = summarize(read_run(str(tmp_path)))["time_s"]
-    assert 0.6 <= times["validation"] < 0.6 + 0.3, times  # two validations of 4 batches, each 0.3 s after its end
-    assert 0.4 <= times["epoch_ends"] < 0.4 + 0.3, times
+    # Two validations of 4 batches, each 0.3 s after its end; two epoch ends of 0.4 s. The slack (0.6 s, for a loaded
+    # machine: CI measured 0.35 s) is under either sleep counted on the wrong side (0.8 s), so each bound can fail.
+    assert 0.6 <= times["validation"] < 0.6 + 0.6, times
+    assert 0.8 <= times["epoch_ends"] < 0.8 + 0.6, times
