@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import struct
 import time
 from typing import Any
 
@@ -28,14 +27,15 @@ import numpy as np
 from rnnmon.format import schema
 from rnnmon.format.digest import RunDigest
 from rnnmon.format.digest_file import DigestMismatch, digested, read_records
-from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
+from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor
 from rnnmon.format.index import (
     DIRECTORY,
-    DOCUMENTS,
     FileIndex,
+    IndexMismatch,
     devices_in,
     index_folder,
-    intact,
+    listed_documents,
+    listed_through,
     marked_event,
     stored_by,
 )
@@ -62,34 +62,6 @@ def _check_counts(event_path: str, digest: RunDigest, through: int) -> None:
     if (counted["steps"], counted["gaps"]) != (digest.steps.rows, digest.gaps.rows):
         raise DigestMismatch(f"its digest holds {digest.steps.rows} steps and {digest.gaps.rows} gaps before byte "
                              f"{through}, the index names {counted['steps']} and {counted['gaps']}")
-
-
-def _listed_documents(event_path: str, through: int) -> list[bytes] | None:
-    """The records of the events `dir.docs` lists before byte `through`, each checked (framing, both checksums,
-    the event step); None where the index has no `dir.docs` (written before it: scan the file instead)."""
-    path = os.path.join(index_folder(event_path), DOCUMENTS)
-    if not os.path.isfile(path):
-        return None
-    with open(path, "rb") as file:
-        raw = file.read()
-    entries = np.frombuffer(raw, dtype=DIRECTORY, count=len(raw) // DIRECTORY.itemsize)
-    if not intact(entries):
-        raise DigestMismatch(f"{DOCUMENTS}: a record's checksum fails")
-    entries = entries[entries["offset"] < through]
-    records = []
-    fd = open_regular(event_path)
-    try:
-        for offset, length in zip(entries["offset"].tolist(), entries["length"].tolist()):
-            data = os.pread(fd, length, offset)
-            size = length - 16
-            if (len(data) != length or length < 16 or struct.unpack_from("<Q", data)[0] != size
-                    or struct.unpack_from("<I", data, 8)[0] != masked_crc32c(data[:8])
-                    or struct.unpack_from("<I", data, 12 + size)[0] != masked_crc32c(data[12:12 + size])):
-                raise DigestMismatch(f"no whole event at byte {offset}, where {DOCUMENTS} lists one")
-            records.append(data[12:12 + size])
-    finally:
-        os.close(fd)
-    return records
 
 
 def _tail(event_path: str, through: int, digest: RunDigest, documents: RunReader | None,
@@ -141,6 +113,29 @@ def _overlapping(paths: list[str]) -> bool:
     return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
 
 
+def documents_reader(run_dir: str, run: str, tags: frozenset[str]) -> RunReader:
+    """A reader of the documents `tags` of `run` (its run description: what /runs shows) that has read the events
+    each event file's index lists and goes on reading each file from where its index ends, so a long run's first
+    read costs its documents, not its rows. A file without an index, or one that disagrees with it, is read whole;
+    damage in the bytes skipped is the timeline's and the summary's to find, which read them through the index."""
+    reader = RunReader(run, tags=tags)
+    try:
+        names = sorted(n for n in os.listdir(run_dir) if EVENT_FILE_MARK in n)
+    except OSError:
+        return reader
+    for name in names:
+        path = os.path.join(run_dir, name)
+        try:
+            through = listed_through(path)
+            records = listed_documents(path, through) if through else None
+        except (IndexMismatch, OSError):
+            continue
+        if records is not None:
+            reader.update_from_records(name, records)
+            reader.start_at(name, through)
+    return reader
+
+
 def read_run(run_dir: str, run: str) -> RunData | None:
     """`run` for a summary: its documents and phases (the events `dir.docs` lists, then those after the digest),
     its large tables as a digest (`RunData.digest`); None where an event file has no index (read the run whole)."""
@@ -159,7 +154,7 @@ def read_run(run_dir: str, run: str) -> RunData | None:
             part, through = read_records(index_folder(path), os.path.getsize(path))
             if part is not None:
                 _check_counts(path, part, through)
-            parts.append((path, part or RunDigest(), through, _listed_documents(path, through)))
+            parts.append((path, part or RunDigest(), through, listed_documents(path, through)))
         listed = all(found is not None for *_, found in parts)  # else: an index from before dir.docs
         for path, part, through, found in parts:
             if listed:
@@ -168,7 +163,7 @@ def read_run(run_dir: str, run: str) -> RunData | None:
             digest.merge(part)
             for device, described in devices_in(path).items():
                 devices.setdefault(device, described)
-    except (DigestMismatch, OSError) as error:
+    except (DigestMismatch, IndexMismatch, OSError) as error:
         data = RunReader(run).update_from_files(run_dir)
         data.notes = [*data.notes, f"its digest disagrees with the data ({error}); read whole instead"]
         return data

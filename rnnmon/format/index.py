@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import logging
 import mmap
 import os
@@ -54,6 +55,7 @@ LOG = logging.getLogger("rnnmon")
 INDEX_DIR = "rnnmon-index"
 BLOCK = 64  # rows per level-0 record
 FAN = 16  # level-k records per level-k+1 record
+HEAD_STEP_BYTES = 64 << 10  # a file's head is read this much at a time, until what is looked for is found
 SCAN_BYTES = 1 << 20  # event bytes indexed in memory at a time (a run without an index): ~4 MB of rows at once
 DRAWN_TAGS = (schema.STEPS_TAG, schema.PHASES_TAG, schema.GAPS_TAG)  # and the util and stats tags of every GPU
 DOCUMENTS = "dir.docs"  # the events holding a document or phases (a summary reads them; `FileIndex` does not)
@@ -116,9 +118,10 @@ def seal(records: np.ndarray) -> np.ndarray:
 
 def intact(records: np.ndarray) -> bool:
     """Every record's CRC matches."""
-    records = np.ascontiguousarray(records)
-    raw = records.view(np.uint8).reshape(len(records), records.dtype.itemsize)
-    return all(zlib.crc32(row[:-4].tobytes()) == crc for row, crc in zip(raw, records["crc"].tolist()))
+    size = records.dtype.itemsize
+    raw = memoryview(np.ascontiguousarray(records).view(np.uint8).reshape(-1))  # sliced without copies
+    return all(zlib.crc32(raw[at:at + size - 4]) == crc
+               for at, crc in zip(range(0, len(raw), size), records["crc"].tolist()))
 
 
 # --- series: what is drawn, from a chunk of a table --------------------------------------------------------
@@ -468,7 +471,7 @@ class FileIndex:
         self._sink = _MemorySink()
         self._builder = IndexBuilder(self._sink)
         self._stored: dict[str, Stored] = {}  # how the file describes each drawn tag (format 3: by column name)
-        self._head_read = False
+        self._head = head_records(event_path, SCAN_BYTES)  # read on by `stored`, as far as it needs
 
     def refresh(self) -> None:
         if self._trust_disk:
@@ -604,14 +607,12 @@ class FileIndex:
             self._stored[value.tag] = stored
 
     def stored(self, tag: str) -> Stored | None:
-        """How this file describes `tag`: learnt from its records, or from its first `SCAN_BYTES` once where the
-        scan started past them (a disk index); None (as this reader writes it) where they do not say."""
-        if tag not in self._stored and not self._head_read:
-            self._head_read = True
-            try:
-                records = RecordCursor(0).scan(self.path, SCAN_BYTES).records
-            except OSError:
-                records = []
+        """How this file describes `tag`: learnt from its records, or from its first `SCAN_BYTES` where the scan
+        started past them (a disk index), read only as far as the tag's first value; None (as this reader writes
+        it) where they do not say."""
+        for records in self._head:
+            if tag in self._stored:
+                break
             for event in filter(None, (marked_event(record, _MARKS) for record in records)):
                 for value in event.summary.value:
                     if drawn(value.tag) and value.tag not in self._stored:
@@ -697,6 +698,61 @@ def stored_by(value: Any) -> Stored | None:
     return None
 
 
+def listed_documents(event_path: str, through: int) -> list[bytes] | None:
+    """The records of the events `dir.docs` lists before byte `through`, each checked (framing, both checksums);
+    None where the index has no `dir.docs` (written before it: scan the file instead); IndexMismatch where a listed
+    event is not whole."""
+    path = os.path.join(index_folder(event_path), DOCUMENTS)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as file:
+        raw = file.read()
+    entries = np.frombuffer(raw, dtype=DIRECTORY, count=len(raw) // DIRECTORY.itemsize)
+    if not intact(entries):
+        raise IndexMismatch(f"{DOCUMENTS}: a record's checksum fails")
+    entries = entries[entries["offset"] < through]
+    records = []
+    fd = open_regular(event_path)
+    try:
+        for offset, length in zip(entries["offset"].tolist(), entries["length"].tolist()):
+            data = os.pread(fd, length, offset)
+            size = length - 16
+            if (len(data) != length or length < 16 or struct.unpack_from("<Q", data)[0] != size
+                    or struct.unpack_from("<I", data, 8)[0] != masked_crc32c(data[:8])
+                    or struct.unpack_from("<I", data, 12 + size)[0] != masked_crc32c(data[12:12 + size])):
+                raise IndexMismatch(f"no whole event at byte {offset}, where {DOCUMENTS} lists one")
+            records.append(data[12:12 + size])
+    finally:
+        os.close(fd)
+    return records
+
+
+def listed_through(event_path: str) -> int:
+    """The end of the last event the index of `event_path` names (0: none, or no index): every document event
+    before it is in `dir.docs` (a flush writes `dir.*` before its other files, `dir.docs` first, whole records in
+    step order). IndexMismatch where a last record fails its checksum or names bytes past the event file's end."""
+    end = 0
+    folder = index_folder(event_path)
+    try:
+        names = [name for name in os.listdir(folder)
+                 if name == DOCUMENTS or (name.startswith("dir.") and _INDEX_FILE.fullmatch(name))]
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(folder, name)
+        size = os.path.getsize(path) // DIRECTORY.itemsize * DIRECTORY.itemsize if os.path.isfile(path) else 0
+        if size:
+            with open(path, "rb") as file:
+                file.seek(size - DIRECTORY.itemsize)
+                last = np.frombuffer(file.read(DIRECTORY.itemsize), dtype=DIRECTORY)
+            if not intact(last):
+                raise IndexMismatch(f"{name}: a record's checksum fails")
+            end = max(end, int(last[0]["offset"]) + int(last[0]["length"]))
+    if end > os.path.getsize(event_path):
+        raise IndexMismatch(f"it names {end} bytes of events, the event file holds {os.path.getsize(event_path)}")
+    return end
+
+
 def read_chunk(path: str, entry: np.void, tag: str, stored: Stored | None = None) -> np.ndarray:
     """The rows of `tag` in the event `entry` names, checked: framing, both checksums, event step, the tag."""
     from google.protobuf.message import DecodeError
@@ -757,11 +813,7 @@ def devices_in(path: str, max_bytes: int = 1 << 20) -> dict[int, dict[str, Any]]
     from tensorboard.compat.proto import event_pb2
 
     found: dict[int, dict[str, Any]] = {}
-    try:
-        records = RecordCursor(0).scan(path, max_bytes).records
-    except OSError:
-        return found
-    for record in records:
+    for record in itertools.chain.from_iterable(head_records(path, max_bytes)):
         if schema.UTIL_TAG_PREFIX.encode() not in record and schema.STATS_TAG_PREFIX.encode() not in record:
             continue
         for value in event_pb2.Event.FromString(record).summary.value:
@@ -773,6 +825,20 @@ def devices_in(path: str, max_bytes: int = 1 << 20) -> dict[int, dict[str, Any]]
         if found:  # a writer's first chunk holds every GPU's first value
             return found
     return found
+
+
+def head_records(path: str, max_bytes: int) -> Iterator[list[bytes]]:
+    """The whole records of the first `max_bytes` of the event file at `path`, `HEAD_STEP_BYTES` at a time, so a
+    reader that finds what it looks for early stops early (what a file describes is in its first records); nothing
+    where it cannot be read."""
+    cursor, more = RecordCursor(0), True
+    while more and cursor.offset < max_bytes:
+        try:
+            scan = cursor.scan(path, min(HEAD_STEP_BYTES, max_bytes - cursor.offset))
+        except OSError:
+            return
+        more = scan.more
+        yield scan.records
 
 
 class RunIndex:

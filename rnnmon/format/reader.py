@@ -243,6 +243,11 @@ class RunReader:
             if event.HasField("summary"):
                 self._add_file_event(name, event)
 
+    def start_at(self, name: str, offset: int) -> None:
+        """Read event file `name` from byte `offset` on (`update_from_records` gave it the events before that the
+        caller needs); no effect once the file is being read."""
+        self._cursors.setdefault(name, RecordCursor(offset))
+
     def check_files(self, run_dir: str) -> list[str]:
         """Walk the new bytes of the run's event files for damage (checksums, truncation) without decoding.
 

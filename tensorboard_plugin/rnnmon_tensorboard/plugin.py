@@ -44,7 +44,7 @@ from rnnmon.analysis import verdict
 from rnnmon.analysis.stragglers import compare_workers, worker_of, worker_order
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
-from rnnmon.format.digest_read import read_run
+from rnnmon.format.digest_read import documents_reader, read_run
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
 
 from . import plotly_bundle
@@ -567,7 +567,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             described = self._descriptions.get((experiment, run))
             if described is None:
                 described = self._descriptions[(experiment, run)] = _Described(
-                    RunReader(run, tags=frozenset({schema.RUN_TAG})))
+                    documents_reader(run_dir, run, frozenset({schema.RUN_TAG})))
         if described.lock.acquire(blocking=described.read is None):
             try:
                 if described.read is None or described.read[0] != version:
