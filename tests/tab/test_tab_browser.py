@@ -377,10 +377,46 @@ def test_the_data_is_read_while_plotly_loads(browser, tensorboard):
             assert time.monotonic() < deadline, f"no /timeline and /summary while plotly loads: {asked}"
             page.wait_for_timeout(100)
         frame.locator(".rm-card .rm-steps").first.wait_for(timeout=30_000)  # the cards need no plotly
+        # the chart too: its figure drawn on a canvas (preview.js) until plotly arrives
+        preview = frame.locator("#rm-plot canvas.rm-preview[data-traces]")
+        preview.wait_for(timeout=30_000)
         assert held and not frame.locator("#rm-plot .main-svg").count()
+        inked = preview.evaluate("""(canvas) => { const {data} = canvas.getContext('2d').getImageData(
+            0, 0, canvas.width, canvas.height); let n = 0; for (let i = 3; i < data.length; i += 4) n += data[i] > 0;
+            return n / (canvas.width * canvas.height); }""")
+        assert inked > 0.02, inked  # lines, bands and titles drawn, not an empty frame
+        traces = int(preview.get_attribute("data-traces"))
         for route in held:
             route.continue_()
         frame.locator("#rm-plot .main-svg").first.wait_for(state="attached", timeout=30_000)  # drawn once it came
+        plot = frame.locator("#rm-plot")
+        assert plot.evaluate("(plot) => plot.data.length") == traces  # the same figure
+        assert not frame.locator("#rm-plot canvas.rm-preview").count()  # replaced
+    finally:
+        page.close()
+
+
+def test_plotly_runs_only_once_the_first_data_is_drawn(browser, tensorboard):
+    # Running plotly.js takes the page's one thread for ~0.4 s: run while /timeline is answered, it held back the
+    # first drawing. It is fetched at once, and run after.
+    page = browser.new_page(viewport={"width": 1400, "height": 1250})
+    held, asked = [], []
+    page.route("**/data/plugin/rnnmon/timeline?*", lambda route: held.append(route))  # answered below
+    page.on("request", lambda request: asked.append(request.url))
+    try:
+        page.goto(f"{tensorboard}/#rnnmon")
+        page.frame_locator("iframe").locator("#rm-plot").wait_for(state="attached", timeout=30_000)
+        frame = next(f for f in page.frames if "plugin_entry.html" in f.url)
+        deadline = time.monotonic() + 30
+        while not (held and any("/rnnmon/plotly.min.js" in url for url in asked)):
+            assert time.monotonic() < deadline, f"no /timeline and plotly.min.js asked for: {asked}"
+            page.wait_for_timeout(100)
+        page.wait_for_timeout(1500)  # time enough to run plotly, were it run now
+        assert frame.evaluate("() => window.Plotly === undefined")
+        for route in held:
+            route.continue_()
+        frame.wait_for_function("() => window.Plotly !== undefined", timeout=30_000)
+        frame.locator("#rm-plot .main-svg").first.wait_for(state="attached", timeout=30_000)
     finally:
         page.close()
 

@@ -5,11 +5,16 @@
 // dashed line on each utilization row, and the run's alerts are red bands with a lane above 100% that carries
 // their hover text. Names from runs reach plotly only through `plotlyText`, which escapes markup.
 //
+// Until plotly.js has loaded, the same figure is drawn by preview.js on a canvas.
+//
 // Example:
+//   preloadPlotly();  // fetched now, run once loadPlotly() is called
+//   drawChart(plot, [{timeline, summary}], {runs, view: null, onZoom: (view) => refetch(view)});  // the preview
 //   await loadPlotly();
-//   drawChart(plot, [{timeline, summary}], {runs, view: null, onZoom: (view) => refetch(view)});
+//   drawChart(plot, [{timeline, summary}], {runs, view: null, onZoom: (view) => refetch(view)});  // plotly's
 
 import {ALERT_LIMIT, ROUTE, fixed, pct, plotlyText, short} from "./dom.js";
+import {drawPreview} from "./preview.js";
 import {currentThresholds, ruleSpec} from "./thresholds.js";
 
 const PLOT_HEIGHT = 600;
@@ -35,6 +40,16 @@ const STEP_ROWS = [
   {title: "Host gap (ms)", domain: [0.0, 0.21]},
 ];
 
+// Fetches plotly.js without running it: running it takes the page's only thread for ~0.4 s, so the tab runs it
+// (loadPlotly) once its first data is drawn.
+export function preloadPlotly() {
+  const link = document.createElement("link");
+  link.rel = "preload";
+  link.as = "script";
+  link.href = ROUTE("plotly.min.js");
+  document.head.append(link);
+}
+
 export function loadPlotly() {
   if (window.Plotly) return Promise.resolve(window.Plotly);
   return new Promise((resolve, reject) => {
@@ -49,10 +64,10 @@ export function loadPlotly() {
 // Draws `columns` (each a run's {timeline, summary}) into `plot`. `runs` are /runs' entries (names, live), `view`
 // the zoomed [start, end] or null; `onZoom` is called with the view the user zooms to (null: the whole run).
 export function drawChart(plot, columns, {runs, view, onZoom}) {
-  if (!window.Plotly) return;
   plot.hidden = !columns.length;
   if (!columns.length) {
-    window.Plotly.purge(plot);
+    if (window.Plotly) window.Plotly.purge(plot);
+    plot.querySelector("canvas.rm-preview")?.remove();
     return;
   }
   const rows = chartRows(columns);
@@ -61,6 +76,11 @@ export function drawChart(plot, columns, {runs, view, onZoom}) {
   const chart = {rows, runs, view, count: columns.length, width: plot.clientWidth,
     once: (key) => (legend.has(key) ? false : (legend.add(key), true))}; // one legend entry per key
   columns.forEach((result, c) => addColumn(figure, result, c, chart));
+  if (!window.Plotly) {
+    drawPreview(plot, figure);
+    return;
+  }
+  plot.querySelector("canvas.rm-preview")?.remove();
   const first = window.Plotly.react(plot, figure.data, figure.layout,
     {responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d"]});
   if (!plot.dataset.bound) {

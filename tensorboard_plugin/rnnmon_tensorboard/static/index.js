@@ -12,11 +12,12 @@
 //   import("./index.js").then((m) => m.render());
 
 import {drawAlerts, drawRunCards} from "./cards.js";
-import {drawChart, loadPlotly} from "./chart.js";
+import {drawChart, loadPlotly, preloadPlotly} from "./chart.js";
 import {ROUTE, el} from "./dom.js";
 import {pollForever, readRunData, readRuns, readWorkers, selectedRuns, staleRuns, workersSignature} from "./polling.js";
 import {buildThresholdsPanel, loadThresholds, noteRuns, onThresholdsChange} from "./thresholds.js";
 import {drawWorkers, redrawWorkers} from "./workers.js";
+import "./preview.js"; // chart.js's: named here too, so the page fetches it with the others, not after chart.js
 
 const state = {runs: [], workerRun: null, selected: ["", ""], view: null, results: new Map(), written: new Map(),
   statuses: "", workers: ""}; // workers: the signature of the /workers answer drawn or being read
@@ -28,13 +29,15 @@ export async function render() {
     updateChart();
     drawAlerts(ui.alerts, selectedRuns(state), state.results);
   });
-  // plotly (the largest file the tab loads) loads while the data is read: a chart or heatmap whose data comes
-  // first is drawn when it arrives
-  loadPlotly().then(() => {
+  // plotly.js (the largest file the tab loads) is fetched while the data is read, and run once the first data is
+  // drawn: until then the chart is drawn without it (preview.js)
+  preloadPlotly();
+  let plotly = null;
+  const startPlotly = () => plotly ??= loadPlotly().then(() => {
     updateChart();
     redrawWorkers();
   }, (error) => showMessage("error", "The chart library could not be loaded", [String(error.message || error)]));
-  await pollForever(() => Promise.all([poll(), loadThresholds()]));
+  await pollForever(() => Promise.all([poll(), loadThresholds()]).finally(() => void startPlotly()));
 }
 
 async function poll() {
