@@ -361,21 +361,35 @@ def test_a_workers_chart_never_waits_for_its_jobs_workers(browser, tensorboard):
     assert not [p for p in problems if "ERR_FAILED" not in p]
 
 
+def _tab_holding(browser, url: str, route: str) -> tuple:
+    """A page on the tab whose requests to the plugin's `route` (a glob) are held unanswered (route.continue_()
+    lets each through): (page, the held routes, every URL asked), once the tab's plot element is there."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1250})
+    held, asked = [], []
+    page.route(f"**/data/plugin/rnnmon/{route}", lambda held_route: held.append(held_route))  # answered by the test
+    page.on("request", lambda request: asked.append(request.url))
+    page.goto(f"{url}/#rnnmon")
+    page.frame_locator("iframe").locator("#rm-plot").wait_for(state="attached", timeout=30_000)
+    return page, held, asked
+
+
+def _wait_for(page, done, why: str, asked: list[str], timeout_s: float = 30) -> None:
+    """Wait until `done()`; after `timeout_s`, fail with `why` and the URLs asked by then."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"{why}: {asked}"
+        page.wait_for_timeout(100)
+
+
 def test_the_data_is_read_while_plotly_loads(browser, tensorboard):
     # The tab awaited plotly.min.js (4.8 MB, ~1.3 s to load and run on a fresh page) before asking /runs, /timeline
     # and /summary: the first drawing paid both one after the other.
-    page = browser.new_page(viewport={"width": 1400, "height": 1250})
-    held, asked = [], []
-    page.route("**/data/plugin/rnnmon/plotly.min.js", lambda route: held.append(route))  # answered below
-    page.on("request", lambda request: asked.append(request.url))
+    page, held, asked = _tab_holding(browser, tensorboard, "plotly.min.js")
     try:
-        page.goto(f"{tensorboard}/#rnnmon")
         frame = page.frame_locator("iframe")
-        frame.locator("#rm-plot").wait_for(state="attached", timeout=30_000)
-        deadline = time.monotonic() + 30
-        while not all(any(f"/rnnmon/{route}?" in url for url in asked) for route in ("timeline", "summary")):
-            assert time.monotonic() < deadline, f"no /timeline and /summary while plotly loads: {asked}"
-            page.wait_for_timeout(100)
+        asked_for = lambda route: any(f"/rnnmon/{route}" in url for url in asked)  # noqa: E731
+        _wait_for(page, lambda: asked_for("timeline?") and asked_for("summary?"),
+                  "no /timeline and /summary while plotly loads", asked)
         frame.locator(".rm-card .rm-steps").first.wait_for(timeout=30_000)  # the cards need no plotly
         # the chart too: its figure drawn on a canvas (preview.js) until plotly arrives
         preview = frame.locator("#rm-plot canvas.rm-preview[data-traces]")
@@ -399,18 +413,11 @@ def test_the_data_is_read_while_plotly_loads(browser, tensorboard):
 def test_plotly_runs_only_once_the_first_data_is_drawn(browser, tensorboard):
     # Running plotly.js takes the page's one thread for ~0.4 s: run while /timeline is answered, it held back the
     # first drawing. It is fetched at once, and run after.
-    page = browser.new_page(viewport={"width": 1400, "height": 1250})
-    held, asked = [], []
-    page.route("**/data/plugin/rnnmon/timeline?*", lambda route: held.append(route))  # answered below
-    page.on("request", lambda request: asked.append(request.url))
+    page, held, asked = _tab_holding(browser, tensorboard, "timeline?*")
     try:
-        page.goto(f"{tensorboard}/#rnnmon")
-        page.frame_locator("iframe").locator("#rm-plot").wait_for(state="attached", timeout=30_000)
         frame = next(f for f in page.frames if "plugin_entry.html" in f.url)
-        deadline = time.monotonic() + 30
-        while not (held and any("/rnnmon/plotly.min.js" in url for url in asked)):
-            assert time.monotonic() < deadline, f"no /timeline and plotly.min.js asked for: {asked}"
-            page.wait_for_timeout(100)
+        _wait_for(page, lambda: held and any("/rnnmon/plotly.min.js" in url for url in asked),
+                  "no /timeline and plotly.min.js asked for", asked)
         page.wait_for_timeout(1500)  # time enough to run plotly, were it run now
         assert frame.evaluate("() => window.Plotly === undefined")
         for route in held:
