@@ -164,11 +164,13 @@ def _run_workers(argvs: list[list[str]], envs: list[dict[str, str]]) -> list[str
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
-def test_a_jax_job_monitored_from_before_distributed_initialize_names_a_12ms_straggler(tmp_path):
+def test_a_jax_job_monitored_from_before_distributed_initialize_names_a_15ms_straggler(tmp_path):
     # Building the monitor asked jax.process_count(), which started JAX's backend: initialize() then raised
-    # "must be called before any JAX calls". And a 12 ms stall a batch on a ~90 ms step (13% of the job, paid by
+    # "must be called before any JAX calls". And a 15 ms stall a batch on a ~90 ms step (17% of the job, paid by
     # both workers every step) stayed under the old bar, 20% of the others' step, which holds their wait for it.
-    port, stall_s = free_port(), {0: 0.0, 1: 0.012}
+    # (It was 12 ms: on a machine loaded enough to stretch the step past 240 ms that fell under the 5% bar; 15 ms
+    # holds up to 300 ms.)
+    port, stall_s = free_port(), {0: 0.0, 1: 0.015}
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
     _run_workers([[JAX_WORKER, str(tmp_path), str(i), str(port), str(stall_s[i])] for i in (0, 1)], [env, env])
     assert sorted(os.listdir(tmp_path)) == ["worker-0", "worker-1"]
@@ -178,7 +180,7 @@ def test_a_jax_job_monitored_from_before_distributed_initialize_names_a_12ms_str
     by_name = {w["worker"]: w for w in group["workers"]}
     excess = sum(by_name["worker-1"][k] - by_name["worker-0"][k] for k in ("input_wait_ms", "host_gap_ms"))
     step = by_name["worker-0"]["step_ms"]
-    assert 8 < excess < 20 and step > 50, by_name  # the injected stall, on a step that is otherwise much longer
+    assert 11 < excess < 23 and step > 50, by_name  # the injected stall, on a step that is otherwise much longer
     (straggler,) = group["findings"]
     assert straggler["code"] == "STRAGGLER" and straggler["where"] == "worker-1", (straggler, by_name)
     assert f"the whole job waits at least {excess:.2f} ms a step for it" in straggler["message"], straggler
