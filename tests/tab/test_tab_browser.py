@@ -428,6 +428,24 @@ def test_plotly_runs_only_once_the_first_data_is_drawn(browser, tensorboard):
         page.close()
 
 
+def test_a_first_view_that_cannot_be_drawn_stops_nothing(browser, tensorboard):
+    # The canvas throws on its first text (as a browser out of canvas memory does): the error ended the tab's
+    # polling, so the tab stopped following its runs.
+    page = browser.new_page(viewport={"width": 1400, "height": 1250})
+    page.add_init_script("CanvasRenderingContext2D.prototype.fillText = () => { throw new Error('no canvas'); };")
+    listed = []
+    page.on("request", lambda request: listed.append(time.monotonic()) if "/rnnmon/runs" in request.url else None)
+    try:
+        page.goto(f"{tensorboard}/#rnnmon")
+        frame = page.frame_locator("iframe")
+        frame.locator("#rm-plot .main-svg").first.wait_for(state="attached", timeout=30_000)  # plotly's chart
+        drawn = time.monotonic()
+        page.wait_for_timeout(3500)
+        assert len([t for t in listed if t > drawn]) >= 2, listed  # /runs is still asked every second
+    finally:
+        page.close()
+
+
 def test_gpu_run_and_an_unreadable_run(tab, tensorboard):
     page, frame, problems, _ = tab
     _select(frame, f"{GPU_RUN}/rnnmon", "unreadable/rnnmon")

@@ -77,7 +77,11 @@ export function drawChart(plot, columns, {runs, view, onZoom}) {
     once: (key) => (legend.has(key) ? false : (legend.add(key), true))}; // one legend entry per key
   columns.forEach((result, c) => addColumn(figure, result, c, chart));
   if (!window.Plotly) {
-    drawPreview(plot, figure);
+    try {
+      drawPreview(plot, figure);
+    } catch (error) { // a first view only: plotly draws the chart when it comes, and the tab's polling goes on
+      console.warn("rnnmon: the chart's first view was not drawn", error);
+    }
     return;
   }
   plot.querySelector("canvas.rm-preview")?.remove();
