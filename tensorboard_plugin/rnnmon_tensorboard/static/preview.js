@@ -67,10 +67,10 @@ function axisScales(figure, frame) {
     if (!found) continue;
     const name = `${found[1]}${found[2]}`;
     const group = [...extent.keys()].filter((other) => matched(layout, other) === matched(layout, name));
-    const span = group.reduce((s, other) => [Math.min(s[0], extent.get(other)[0]), Math.max(s[1], extent.get(other)[1])],
-      [Infinity, -Infinity]);
+    const span = [Math.min(...group.map((other) => extent.get(other)[0])),
+      Math.max(...group.map((other) => extent.get(other)[1]))];
     let range = axis.range ? [...axis.range] : span;
-    if (!axis.range && found[1] === "x" && markers.has(matched(layout, name))) { // plotly leaves room for the markers' size
+    if (!axis.range && found[1] === "x" && markers.has(matched(layout, name))) { // room for the markers, as plotly
       range = [range[0] - 0.05 * (range[1] - range[0]), range[1] + 0.05 * (range[1] - range[0])];
     }
     if (!axis.range && axis.rangemode === "tozero") range = [Math.min(0, range[0]), Math.max(0, range[1]) * 1.05];
@@ -79,7 +79,7 @@ function axisScales(figure, frame) {
     scales[name] = found[1] === "x"
       ? {x: true, range, at: (v) => frame.x + frame.w * (d0 + (d1 - d0) * (v - range[0]) / (range[1] - range[0])),
         axis}
-      : {y: true, range, domain: [d0, d1], title: axis.title?.text,
+      : {y: true, range, title: axis.title?.text,
         at: (v) => frame.y + frame.h * (1 - d0 - (d1 - d0) * (v - range[0]) / (range[1] - range[0])), axis};
   }
   return scales;
