@@ -121,17 +121,22 @@ function drawRowFrame(context, scale, layout) {
   }
 }
 
-// The ends of a time axis that shows its tick labels (the bottom row's), and its title.
+// A time axis that shows its tick labels (the bottom row's): about five round values, as plotly labels them
+// ("5k s"), and its title.
 function drawTimeAxis(context, scale, layout) {
   if (!scale.axis.showticklabels) return;
+  const [lo, hi] = scale.range;
+  const rough = (hi - lo) / 5;
+  const power = 10 ** Math.floor(Math.log10(rough));
+  const step = power * ([1, 2, 5, 10].find((m) => m * power >= rough) || 10);
   const y = layout.height - layout.margin.b + 14;
   context.fillStyle = layout.font.color;
-  scale.range.forEach((value, i) => {
-    context.textAlign = i ? "right" : "left";
-    context.fillText(`${Number(value.toFixed(1))}${scale.axis.ticksuffix || ""}`, scale.at(value), y);
-  });
   context.textAlign = "center";
-  context.fillText(scale.axis.title?.text || "", scale.at((scale.range[0] + scale.range[1]) / 2), y + 14);
+  for (let value = Math.ceil(lo / step) * step; step > 0 && value <= hi; value += step) { // step: never 0 or NaN
+    const text = Math.abs(value) >= 1000 ? `${Number((value / 1000).toFixed(3))}k` : `${Number(value.toFixed(6))}`;
+    context.fillText(`${text}${scale.axis.ticksuffix || ""}`, scale.at(value), y);
+  }
+  context.fillText(scale.axis.title?.text || "", scale.at((lo + hi) / 2), y + 14);
 }
 
 function drawTrace(context, trace, scales, bases) {
