@@ -1,6 +1,6 @@
 // The chart's first view: the figure chart.js builds for plotly, drawn on a canvas while plotly.js is still
 // loading (a fresh page spends ~0.4 s running it, then ~0.3 s on its first drawing). The same rows, columns, lines,
-// bands and shaded phases, with each row's title and the time axis' ends; no hover, zoom or legend. Plotly's
+// bands and shaded phases, with each row's title and the time axis' labels; no hover, zoom or legend. Plotly's
 // drawing replaces it. Only what the tab's figures use is drawn: lines (with gaps at nulls, dashed or filled
 // "toself"), stacked bars, rectangles and lines among layout shapes, and text annotations.
 //
