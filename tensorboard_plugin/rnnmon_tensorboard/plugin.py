@@ -124,7 +124,7 @@ class _Described:
     """What /runs knows of a local run: the reader of its descriptions, and the version of its files it last read
     with what that gave (one value, replaced whole); `lock` is held while it reads."""
 
-    reader: RunReader
+    reader: RunReader | None = None
     read: tuple[Any, RunData] | None = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -564,12 +564,11 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             return {}, [], [], 0.0, 0
         version = LocalRuns.version(run_dir)
         with self._descriptions_lock:
-            described = self._descriptions.get((experiment, run))
-            if described is None:
-                described = self._descriptions[(experiment, run)] = _Described(
-                    documents_reader(run_dir, run, frozenset({schema.RUN_TAG})))
+            described = self._descriptions.setdefault((experiment, run), _Described())
         if described.lock.acquire(blocking=described.read is None):
             try:
+                if described.reader is None:  # its first read: the events its index lists, then what follows
+                    described.reader = documents_reader(run_dir, run, frozenset({schema.RUN_TAG}))
                 if described.read is None or described.read[0] != version:
                     described.read = version, described.reader.update_from_files(run_dir)
             finally:
