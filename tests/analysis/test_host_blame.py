@@ -82,4 +82,6 @@ def test_a_callbacks_hooks_are_host_time_wherever_the_monitor_sits(tmp_path):
             f["message"] for f in summary["findings"] if f["code"] == "HOST_BOUND")
         results[order] = summary
     shares = [results[order]["shares"]["host"] for order in results]
-    assert max(shares) <= 1.25 * min(shares), shares
+    # the same share, within what load does to the steps' compute (CI once measured 0.36-0.48); counted as step
+    # time in one order, a share falls to about half or nothing, and host_s above already fails
+    assert max(shares) <= 1.6 * min(shares), shares
