@@ -75,6 +75,19 @@ def quantile(counts: np.ndarray, q: float) -> float:
                   + bucket_value(int(np.searchsorted(below, math.ceil(rank) + 1))))
 
 
+def _kept(raw: Any, rows: int, more_rows: int, more: Any) -> Any:
+    """A table's whole rows, `raw` (chunks of `rows` rows: a list, or lists by kind), with `more` (`more_rows` rows,
+    shaped alike) added while the table stays within CAP rows; None past it, or where either is None already."""
+    if raw is None or more is None or rows + more_rows > CAP:
+        return None
+    if isinstance(raw, dict):
+        for kind, chunks in more.items():
+            raw[kind].extend(chunks)
+    else:
+        raw.extend(more)
+    return raw
+
+
 class StepDigest:
     """The step table's digest (see the module)."""
 
@@ -97,10 +110,7 @@ class StepDigest:
         """Steps after those already added (float64 rows of the step table's columns)."""
         if not len(rows):
             return
-        if self.raw is not None:
-            self.raw.append(rows)
-            if self.rows + len(rows) > CAP:
-                self.raw = None
+        self.raw = _kept(self.raw, self.rows, len(rows), [rows])
         gap_ms = rows[:, _S["host_gap_ms"]]
         first = np.isnan(gap_ms)
         epoch = rows[:, _S["epoch"]]
@@ -162,10 +172,7 @@ class StepDigest:
         """Add `other`, the digest of the steps after these."""
         if not other.rows:
             return
-        if self.raw is not None and other.raw is not None and self.rows + other.rows <= CAP:
-            self.raw += other.raw
-        else:
-            self.raw = None
+        self.raw = _kept(self.raw, self.rows, other.rows, other.raw)
         if self.rows:
             self.changes += int(other.first_epoch != self.last_epoch or other.first_start)
         else:
@@ -227,10 +234,7 @@ class GapDigest:
     def add(self, rows: np.ndarray) -> None:
         if not len(rows):
             return
-        if self.raw is not None:
-            self.raw.append(rows)
-            if self.rows + len(rows) > CAP:
-                self.raw = None
+        self.raw = _kept(self.raw, self.rows, len(rows), [rows])
         self.rows += len(rows)
         duration = rows[:, 2] - rows[:, 1]
         keys, at = np.unique(rows[:, [0, 3]], axis=0, return_inverse=True)
@@ -250,10 +254,7 @@ class GapDigest:
     def merge(self, other: GapDigest) -> None:
         if not other.rows:
             return
-        if self.raw is not None and other.raw is not None and self.rows + other.rows <= CAP:
-            self.raw += other.raw
-        else:
-            self.raw = None
+        self.raw = _kept(self.raw, self.rows, other.rows, other.raw)
         self.rows += other.rows
         self._groups(other.groups)
         self.histogram += other.histogram
@@ -305,10 +306,7 @@ class DeviceDigest:
     def add(self, kind: str, rows: np.ndarray) -> None:
         if not len(rows):
             return
-        if self.raw is not None:
-            self.raw[kind].append(rows)
-            if self.rows + len(rows) > CAP:
-                self.raw = None
+        self.raw = _kept(self.raw, self.rows, len(rows), {kind: [rows]})
         self.rows += len(rows)
         if kind == "util":
             util = rows[:, 1]
@@ -333,11 +331,7 @@ class DeviceDigest:
     def merge(self, other: DeviceDigest) -> None:
         if not other.rows:
             return
-        if self.raw is not None and other.raw is not None and self.rows + other.rows <= CAP:
-            for kind in self.raw:
-                self.raw[kind] += other.raw[kind]
-        else:
-            self.raw = None
+        self.raw = _kept(self.raw, self.rows, other.rows, other.raw)
         self.rows += other.rows
         self.util += other.util
         self._stats(other.stats)

@@ -91,38 +91,44 @@ def test_a_long_run_is_summarized_from_its_digest_records_within_the_documented_
     assert 0 < from_digest["shares"]["input"] < 1 and from_digest["gpus"][0]["samples"] == 12 * 200
 
 
-def test_a_digest_record_that_disagrees_with_the_data_is_set_aside_and_the_data_wins(long_run, tmp_path):
+def _copy(long_run: str, tmp_path) -> str:
+    """A copy of the long run's log directory, to damage."""
     copy = str(tmp_path / "copy")
     shutil.copytree(long_run, copy)
+    return copy
+
+
+def _assert_the_data_wins(logdir: str, note: str) -> None:
+    """The summary from the digest names the disagreement (`note`) and otherwise equals the whole read."""
+    from_digest, whole = _summaries(logdir)
+    assert any(note in n for n in from_digest["notes"])
+    from_digest["notes"] = [n for n in from_digest["notes"] if "digest" not in n]
+    assert from_digest == whole
+
+
+def test_a_digest_record_that_disagrees_with_the_data_is_set_aside_and_the_data_wins(long_run, tmp_path):
+    copy = _copy(long_run, tmp_path)
     run_dir = os.path.join(copy, "run", "rnnmon")
     path, records = _records(run_dir)
     wrong = digest.RunDigest.loads(records[0][1])
     wrong.steps.rows += 5  # a record whose counts the index's chunk directory does not hold, checksums intact
     _write_records(path, [(records[0][0], wrong.dumps()), *records[1:]])
-    from_digest, whole = _summaries(copy)
-    assert any("digest disagrees with the data" in note for note in from_digest["notes"])
-    from_digest["notes"] = [n for n in from_digest["notes"] if "digest" not in n]
-    assert from_digest == whole
+    _assert_the_data_wins(copy, "digest disagrees with the data")
 
 
 def test_a_digest_record_that_fails_its_checksum_is_set_aside_and_the_data_wins(long_run, tmp_path):
-    copy = str(tmp_path / "copy")
-    shutil.copytree(long_run, copy)
+    copy = _copy(long_run, tmp_path)
     path, _ = _records(os.path.join(copy, "run", "rnnmon"))
     with open(path, "r+b") as file:
         file.seek(40)
         byte = file.read(1)
         file.seek(40)
         file.write(bytes([byte[0] ^ 0xFF]))
-    from_digest, whole = _summaries(copy)
-    assert any("checksum fails" in note for note in from_digest["notes"])
-    from_digest["notes"] = [n for n in from_digest["notes"] if "digest" not in n]
-    assert from_digest == whole
+    _assert_the_data_wins(copy, "checksum fails")
 
 
 def test_a_listed_document_event_that_is_not_there_is_set_aside_and_the_data_wins(long_run, tmp_path):
-    copy = str(tmp_path / "copy")
-    shutil.copytree(long_run, copy)
+    copy = _copy(long_run, tmp_path)
     run_dir = os.path.join(copy, "run", "rnnmon")
     (folder,) = glob.glob(os.path.join(run_dir, "rnnmon-index", "*"))
     path = os.path.join(folder, index.DOCUMENTS)
@@ -130,15 +136,11 @@ def test_a_listed_document_event_that_is_not_there_is_set_aside_and_the_data_win
     assert len(entries) >= 2  # the run description at its start, the phases and description at its end
     entries["offset"][0] += 3  # checksums intact: the listed event is not where it says
     index.seal(entries).tofile(path)
-    from_digest, whole = _summaries(copy)
-    assert any("no whole event" in note for note in from_digest["notes"])
-    from_digest["notes"] = [n for n in from_digest["notes"] if "digest" not in n]
-    assert from_digest == whole
+    _assert_the_data_wins(copy, "no whole event")
 
 
 def test_a_torn_last_digest_record_is_left_to_the_tail(long_run, tmp_path):
-    copy = str(tmp_path / "copy")
-    shutil.copytree(long_run, copy)
+    copy = _copy(long_run, tmp_path)
     path, _ = _records(os.path.join(copy, "run", "rnnmon"))
     os.truncate(path, os.path.getsize(path) - 7)
     from_digest, whole = _summaries(copy)
