@@ -75,7 +75,8 @@ class Nvml:
     """Lazily started NVML session whose queries answer `None` instead of raising or hanging."""
 
     def __init__(self, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
-        self._pynvml: Any = None
+        self._pynvml: Any = None  # the module while the session is open
+        self._module: Any = None  # the module once imported: its constants outlive the session
         self._lock = threading.Lock()
         self._caller_lock = threading.Lock()
         self._caller: _Caller | None = None
@@ -110,7 +111,7 @@ class Nvml:
             except Exception as error:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
                 self._say_cpu_only(f"NVML is unavailable ({_describe(error)})")
                 return False
-            self._pynvml = pynvml
+            self._pynvml = self._module = pynvml
             _said_cpu_only(None)
             return True
 
@@ -132,7 +133,9 @@ class Nvml:
             self._pynvml = None
 
     def constant(self, name: str) -> Any:
-        return getattr(self._pynvml, name)
+        """A pynvml constant or struct type; still answered after `shutdown()`, which can come while a sampler
+        thread is half-way through a poll (its queries then answer None)."""
+        return getattr(self._module, name)
 
     def query(self, function: str, *args: Any, label: str | None = None, device: int | None = None,
               quiet: dict[int, Any] | None = None, **kwargs: Any) -> Any:

@@ -145,3 +145,23 @@ def test_without_the_sample_buffer_utilization_falls_back_to_readings(tmp_path, 
     assert len(util) >= 5 and set(util[:, 1]) == {42.0}
     assert np.median(np.diff(util[:, 0])) == pytest.approx(0.2, abs=0.05)  # one reading per poll
     assert lib.calls["nvmlDeviceGetUtilizationRates"] >= len(util)
+
+
+def test_a_poll_under_way_when_nvml_shuts_down_reads_na_and_raises_nothing():
+    """The end of fit shuts NVML down while a hung sampler thread is still in a poll (CI saw it raise
+    AttributeError from the constants it looks up between calls)."""
+    from rnnmon.format.schema import STAT_COLUMNS
+    from rnnmon.gpu.nvml import Nvml
+    from rnnmon.gpu.sampler import Sampler
+
+    with installed(FakeNvmlLib([FakeGpu()])):
+        nvml = Nvml()
+        assert nvml.start()
+        sampler = Sampler(nvml, [0])
+        sampler.poll()
+        nvml.shutdown()
+        sampler.poll()
+    _, stats, _ = sampler.drain()
+    first, last = stats[0]
+    power = STAT_COLUMNS.index("power_w")
+    assert not np.isnan(first[power]) and np.isnan(last[power])
