@@ -30,6 +30,16 @@ def overlap_s(start: float, end: float, intervals: Iterable[tuple[float, float]]
     return sum(max(0.0, min(end, i_end) - max(start, i_start)) for i_start, i_end in intervals)
 
 
+def _union_s(start: float, end: float, intervals: Iterable[tuple[float, float]]) -> float:
+    """How much of [start, end] the union of (possibly overlapping) `intervals` covers, in seconds."""
+    covered, reach = 0.0, start
+    for s, e in sorted((max(s, start), min(e, end)) for s, e in intervals if e > start and s < end):
+        if e > reach:
+            covered += e - max(s, reach)
+            reach = e
+    return covered
+
+
 class PhaseIntervals:
     """Known non-compute intervals (start, end, cause index), kept while gaps may still need them.
 
@@ -156,7 +166,9 @@ class DeviceBusy:
     """When each GPU worked (sample `i` above `idle_pct` covers the time since sample `i-1`), for cross-GPU blame.
 
     A gap on one GPU during which another GPU of the process computed is a wait for that replica (the all-reduce
-    of `MirroredStrategy`), not for input: `blame_sync` says so.
+    of `MirroredStrategy`), not for input: `blame_sync` says so. The others are judged only on the part of the gap
+    their samples reach: at a fit's start and end, and while their calibration settles, one GPU's samples can
+    begin or end a sample period before another's.
 
     Example:
         >>> busy = DeviceBusy(idle_pct=5.0)
@@ -167,6 +179,7 @@ class DeviceBusy:
 
     def __init__(self, idle_pct: float) -> None:
         self.idle_pct = idle_pct
+        self._first: dict[int, float] = {}
         self._last: dict[int, float] = {}
         self._busy: dict[int, list[tuple[float, float]]] = {}
 
@@ -176,19 +189,17 @@ class DeviceBusy:
             previous = self._last.get(device)
             if previous is not None and time > previous and pct > self.idle_pct:
                 rows.append((previous, time))
+            self._first.setdefault(device, time)
             self._last[device] = max(time, previous if previous is not None else time)
 
     def blame_sync(self, device: int, gap: Gap) -> Gap:
-        """`gap` with cause "sync" when other GPUs computed during at least half of it; else unchanged."""
+        """`gap` with cause "sync" when other GPUs computed during at least half of the part of it that their
+        samples reach; else unchanged."""
         start, end, _ = gap
-        spans = sorted((max(s, start), min(e, end)) for other, rows in self._busy.items() if other != device
-                       for s, e in rows if e > start and s < end)
-        covered, reach = 0.0, start
-        for s, e in spans:
-            if e > reach:
-                covered += e - max(s, reach)
-                reach = e
-        return (start, end, "sync") if end > start and covered >= 0.5 * (end - start) else gap
+        others = [other for other in self._busy if other != device]
+        covered = _union_s(start, end, [row for other in others for row in self._busy[other]])
+        known = _union_s(start, end, [(self._first[other], self._last[other]) for other in others])
+        return (start, end, "sync") if known > 0 and covered >= 0.5 * known else gap
 
     def forget_before(self, time: float) -> None:
         for device, rows in self._busy.items():
