@@ -167,8 +167,8 @@ class DeviceBusy:
 
     A gap on one GPU during which another GPU of the process computed is a wait for that replica (the all-reduce
     of `MirroredStrategy`), not for input: `blame_sync` says so. The others are judged only on the part of the gap
-    their samples reach: at a fit's start and end, and while their calibration settles, one GPU's samples can
-    begin or end a sample period before another's.
+    their samples reach: each GPU's timestamps are calibrated on their own, and at a fit's start and end one GPU's
+    samples can begin or end a sample period before another's.
 
     Example:
         >>> busy = DeviceBusy(idle_pct=5.0)
