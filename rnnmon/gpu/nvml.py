@@ -147,16 +147,19 @@ class Nvml:
                    quiet: dict[int, Any] | None = None, **kwargs: Any) -> tuple[Any, int | None]:
         """`query`, plus the NVML return code of a failure (None on success, or when there is no code)."""
         key = (label or function, device)
-        if self._pynvml is None or device in self.lost or key in self._hung:
+        module = self._pynvml
+        if module is None or device in self.lost or key in self._hung:
             return None, None
         try:
-            return self._call(getattr(self._pynvml, function), args, kwargs), None
+            return self._call(getattr(module, function), args, kwargs), None
         except _Overran:
             self._hung.add(key)
             LOG.warning("rnnmon: %s did not answer within %.1f s%s (%s); it is recorded as NA from now on.",
                         key[0], self.deadline_s, "" if device is None else f" on GPU {device}", function)
             return None, None
         except Exception as error:  # NVML faults must never reach training
+            if self._pynvml is None:  # shut down during the call (the end of fit, while the sampler polls)
+                return None, None
             code = getattr(error, "value", None)
             if quiet and code in quiet:
                 return quiet[code], code

@@ -165,3 +165,26 @@ def test_a_poll_under_way_when_nvml_shuts_down_reads_na_and_raises_nothing():
     first, last = stats[0]
     power = STAT_COLUMNS.index("power_w")
     assert not np.isnan(first[power]) and np.isnan(last[power])
+
+
+def test_a_call_that_nvml_shutdown_overtakes_warns_of_nothing(rnnmon_warnings):
+    """A slow driver call still running when the end of fit shuts NVML down answers UNINITIALIZED: no fault of
+    the device, so no warning (it used to say "power is unavailable on GPU 0", and keep quiet about a real fault
+    of that metric in the next KerasTuner trial)."""
+    import threading
+
+    from rnnmon.gpu.nvml import Nvml
+    from rnnmon.gpu.sampler import Sampler
+
+    lib = FakeNvmlLib([FakeGpu()])
+    with installed(lib):
+        nvml = Nvml()
+        assert nvml.start()
+        sampler = Sampler(nvml, [0])
+        lib.latency_s["nvmlDeviceGetPowerUsage"] = 0.5  # under the 2 s deadline: slow, not hung
+        poll = threading.Thread(target=sampler.poll)
+        poll.start()
+        time.sleep(0.25)
+        nvml.shutdown()
+        poll.join()
+    assert len(sampler.drain()[1][0]) == 1 and rnnmon_warnings() == []
