@@ -118,3 +118,89 @@ class ObjectStore:
     def __exit__(self, *exc: object) -> None:
         self.stop()
         self._root.cleanup()
+
+
+# What a throttled bucket and an expired token answer: S3's documented error codes, GCS's status codes.
+FAULTS = {
+    ("s3", "throttled"): (503, b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+                               b"<Message>Please reduce your request rate.</Message></Error>", "application/xml"),
+    ("s3", "expired token"): (400, b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ExpiredToken</Code>"
+                                   b"<Message>The provided token has expired.</Message></Error>", "application/xml"),
+    ("gs", "throttled"): (429, b'{"error": {"code": 429, "message": "The rate of change requests to the object '
+                               b'is too high."}}', "application/json"),
+    ("gs", "expired token"): (401, b'{"error": {"code": 401, "message": "Invalid Credentials"}}',
+                              "application/json"),
+}
+
+
+class FaultyFront:
+    """An HTTP proxy on 127.0.0.1 in front of `store`: passes every request through, except while `fault` names one
+    of FAULTS (for the store's kind), when it answers that error instead. `env` points the clients at it.
+
+    Example:
+        >>> with ObjectStore("s3") as store, FaultyFront(store) as front:
+        ...     os.environ.update(front.env)
+        ...     front.fault = "throttled"        # every request now gets 503 SlowDown
+    """
+
+    def __init__(self, store: ObjectStore) -> None:
+        import http.server
+
+        self.store, self.fault, self.faulted = store, None, 0
+        front = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if front.fault is not None:
+                    front.faulted += 1
+                    status, answer, kind = FAULTS[(store.kind, front.fault)]
+                    headers = {"Content-Type": kind}
+                else:
+                    status, answer, headers = front._forward(self.command, self.path, self.headers, body)
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                if not any(name.lower() == "content-length" for name in headers):  # a HEAD keeps the object's
+                    self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_PATCH = _any
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.env = {**store.env, "AWS_ENDPOINT_URL" if store.kind == "s3" else "STORAGE_EMULATOR_HOST": endpoint}
+
+    def _forward(self, method: str, path: str, headers, body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        import http.client
+
+        connection = http.client.HTTPConnection("127.0.0.1", self.store.port, timeout=30)
+        try:
+            sent = {k: v for k, v in headers.items() if k.lower() not in ("host", "connection")}
+            connection.request(method, path, body=body or None, headers=sent)
+            reply = connection.getresponse()
+            answer = b"" if method == "HEAD" else reply.read()
+            kept = {k: v for k, v in reply.getheaders()
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection")}
+            if method == "HEAD" and reply.getheader("Content-Length"):
+                kept["Content-Length"] = reply.getheader("Content-Length")
+            return reply.status, answer, kept
+        finally:
+            connection.close()
+
+    def __enter__(self) -> FaultyFront:
+        import threading
+
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

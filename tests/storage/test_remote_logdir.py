@@ -15,7 +15,7 @@ import time
 import keras
 import pytest
 from conftest import TESTS, stalled_dataset, tiny_model
-from object_stores import SECRET, TOKEN, ObjectStore
+from object_stores import SECRET, TOKEN, FaultyFront, ObjectStore
 
 import rnnmon
 from rnnmon.report import build_report
@@ -164,6 +164,50 @@ def test_cut_off_mid_fit_the_fit_finishes_with_one_warning_and_the_run_is_upload
         (run,) = report["runs"]
         assert run["steps"] == 80 and run["status"] == "finished" and not run["errors"], run
         deadline = time.monotonic() + 30
+        while not any("again; nothing was lost" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.2)
+        assert sum("cannot upload" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "fault"), [("s3", "throttled"), ("s3", "expired token"), ("gs", "throttled")])
+def test_a_throttled_bucket_or_an_expired_token_mid_fit_is_one_warning_and_nothing_lost(monkeypatch, tmp_path, caplog,
+                                                                                        kind, fault):
+    """From step 15 every request gets the store's own error (S3's 503 SlowDown or 400 ExpiredToken, GCS's 429) until
+    a warning came: the fit does not wait, the one warning names the store's message and the staging folder, and once
+    the store answers again the whole run is uploaded and a second warning says so. (gcsfs retries a 429 six times,
+    ~20 s, before the upload pass sees it fail.)"""
+    caplog.set_level(logging.WARNING, logger="rnnmon")
+    with ObjectStore(kind) as server, FaultyFront(server) as front:
+        for name, value in front.env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
+        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
+        server.make_bucket()
+        url = server.url("faults")
+
+        def on_batch_end(batch, logs):
+            if batch == 15:
+                front.fault = fault
+
+        monitor = rnnmon.UtilizationMonitor(url, flush_secs=0.5, upload_interval_s=0.5, segment_s=1.0, audit=False)
+        started = time.monotonic()
+        tiny_model().fit(stalled_dataset(60, 0.02), epochs=1, verbose=0,
+                         callbacks=[monitor, keras.callbacks.LambdaCallback(on_train_batch_end=on_batch_end)])
+        assert time.monotonic() - started < 30  # the 60 steps take ~1.5 s; nothing waited for the store
+        deadline = time.monotonic() + 60
+        while not (failed := [r.getMessage() for r in caplog.records if "cannot upload" in r.getMessage()]):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.2)
+        said = {"throttled": "reduce your request rate" if kind == "s3" else "rate of change requests",
+                "expired token": "token has expired"}[fault]
+        assert front.faulted > 0 and said in failed[0] and str(tmp_path / "staging") in failed[0], failed
+        front.fault = None
+        report = _report_when(url, _finished(60))
+        (run,) = report["runs"]
+        assert run["steps"] == 60 and run["status"] == "finished" and not run["errors"], run
+        deadline = time.monotonic() + 60
         while not any("again; nothing was lost" in r.getMessage() for r in caplog.records):
             assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
             time.sleep(0.2)
