@@ -175,6 +175,7 @@ def test_run_description_records_the_thresholds_in_effect(tmp_path):
     assert info["thresholds_source"] == "callback" and info["thresholds"]["gpu_util_low"]["pct"] == 12.0
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_thresholds_picked_up_on_a_flush_without_steps_reach_the_run_description(tmp_path, caplog):
     """The file is saved while the input pipeline stalls, after every earlier step is on disk: the flushes that

@@ -60,6 +60,7 @@ def _sleeps_in_its_hooks():
     return SleepsInItsHooks()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_a_callbacks_hooks_are_host_time_wherever_the_monitor_sits(tmp_path):
     """Before or after the monitor, a callback's hooks lie between steps: they used to count as step time when

@@ -48,6 +48,7 @@ def test_idle_gap_that_is_mostly_warmup_is_no_alert():
     np.testing.assert_allclose([e.value for e in events], [2.0, 2.0])
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
 def test_validation_lasts_until_the_epoch_ends_and_epoch_end_hooks_are_no_validation(tmp_path):
     """`evaluate()` goes on after `on_test_end` (on TensorFlow it frees its iterator there, about a second): that is

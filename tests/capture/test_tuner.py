@@ -88,6 +88,7 @@ def test_a_copy_is_a_fresh_monitor_with_the_same_settings(tmp_path):
     assert run.fits == 2 and len(run.steps) == 24 and run.info["status"] == "finished"
 
 
+@pytest.mark.slow
 def test_copies_sample_the_gpu_and_warn_about_a_device_once(tmp_path, rnnmon_warnings):
     lib = FakeNvmlLib([FakeGpu(utilization=60.0)], unsupported={"nvmlDeviceGetPowerUsage"})
     monitor = UtilizationMonitor(str(tmp_path), sample_interval_s=0.1, audit=False)

@@ -347,7 +347,8 @@ def _read_cpu_s(logdir: str, run: str, repeats: int = 3) -> tuple[float, object]
     return best, data
 
 
-@pytest.mark.parametrize("overlap", ["copy", pytest.param("second_writer", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("overlap", ["copy", "second_writer"])
 def test_overlapping_event_files_read_in_linear_time_each_step_once(tmp_path, overlap):
     # Two files over the same span of one run: a copy of the file, or a second writer from before rnnmon's writer
     # lock. Each chunk that landed before rows already read used to rebuild the whole table: 8/16/32k steps took

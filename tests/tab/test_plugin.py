@@ -205,6 +205,7 @@ def test_workers_lists_the_workers_it_leaves_out_with_the_reason(tmp_path):
     assert get(plugin_client(str(tmp_path)), "workers", run="job/worker-1/rnnmon")[1]["left_out"]  # from any worker
 
 
+@pytest.mark.slow
 def test_workers_of_a_256_worker_job_are_summarized_once_per_version_straggler_first(tmp_path):
     # /workers re-summarized every worker at every request (3.2 s at 256 workers; the tab's chart waited for it).
     start = time.time() - 600

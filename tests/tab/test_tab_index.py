@@ -133,6 +133,7 @@ def test_runs_reads_a_run_whole_where_its_index_names_bytes_the_file_lacks(logdi
     assert (runs["cut/rnnmon"]["start"], runs["cut/rnnmon"]["errors"]) == (whole.info["start"], whole.errors)
 
 
+@pytest.mark.slow
 def test_real_tensorboard_serves_timeline_from_the_index_and_notes_where_the_data_won(logdir):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
