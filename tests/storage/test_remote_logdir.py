@@ -27,12 +27,27 @@ from rnnmon.storage.mirror import Mirror
 def store(request, monkeypatch, tmp_path):
     """A server of each kind with a bucket; this process's clients pointed at it; staging and cache in tmp_path."""
     with ObjectStore(request.param) as server:
-        for name, value in server.env.items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
-        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
-        server.make_bucket()
+        _use(server, monkeypatch, tmp_path)
         yield server
+
+
+def _use(server: ObjectStore, monkeypatch, tmp_path, env: dict[str, str] | None = None) -> None:
+    """This process's clients pointed at `server` (through `env`, else its own), staging and cache in tmp_path, and
+    the bucket made."""
+    for name, value in (env or server.env).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
+    monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
+    server.make_bucket()
+
+
+def _logged(caplog, text: str, timeout_s: float) -> list[str]:
+    """The log messages holding `text`, once there is one (the upload thread may say it after the fit's end)."""
+    deadline = time.monotonic() + timeout_s
+    while not (said := [r.getMessage() for r in caplog.records if text in r.getMessage()]):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.2)
+    return said
 
 
 def _report_when(url: str, done, timeout_s: float = 90.0) -> dict:
@@ -142,31 +157,20 @@ def test_cut_off_mid_fit_the_fit_finishes_with_one_warning_and_the_run_is_upload
     staging folder; after the server is back the whole run is in the bucket and a second warning says so."""
     caplog.set_level(logging.WARNING, logger="rnnmon")
     with ObjectStore("s3") as server:
-        for name, value in server.env.items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
-        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
-        server.make_bucket()
+        _use(server, monkeypatch, tmp_path)
         url = server.url("cut")
         cut = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: batch == 15 and server.stop())
         monitor = rnnmon.UtilizationMonitor(url, flush_secs=0.5, upload_interval_s=0.5, segment_s=1.0, audit=False)
         started = time.monotonic()
         history = tiny_model().fit(stalled_dataset(80, 0.02), epochs=1, verbose=0, callbacks=[monitor, cut])
         assert len(history.history["loss"]) == 1 and time.monotonic() - started < 60
-        deadline = time.monotonic() + 60  # the pass after the cut may come after the fit's end, on its own thread
-        while not (failed := [r.getMessage() for r in caplog.records if "cannot upload" in r.getMessage()]):
-            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-            time.sleep(0.2)
-        (failed,) = failed
+        (failed,) = _logged(caplog, "cannot upload", 60)  # the pass after the cut may come after the fit's end
         assert remote.redact(url) in failed and str(tmp_path / "staging") in failed, failed
         server.start()  # the same port, the same buckets
         report = _report_when(url, _finished(80))
         (run,) = report["runs"]
         assert run["steps"] == 80 and run["status"] == "finished" and not run["errors"], run
-        deadline = time.monotonic() + 30
-        while not any("again; nothing was lost" in r.getMessage() for r in caplog.records):
-            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-            time.sleep(0.2)
+        _logged(caplog, "again; nothing was lost", 30)
         assert sum("cannot upload" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -180,11 +184,7 @@ def test_a_throttled_bucket_or_an_expired_token_mid_fit_is_one_warning_and_nothi
     ~20 s, before the upload pass sees it fail.)"""
     caplog.set_level(logging.WARNING, logger="rnnmon")
     with ObjectStore(kind) as server, FaultyFront(server) as front:
-        for name, value in front.env.items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
-        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
-        server.make_bucket()
+        _use(server, monkeypatch, tmp_path, front.env)
         url = server.url("faults")
 
         def on_batch_end(batch, logs):
@@ -196,10 +196,7 @@ def test_a_throttled_bucket_or_an_expired_token_mid_fit_is_one_warning_and_nothi
         tiny_model().fit(stalled_dataset(60, 0.02), epochs=1, verbose=0,
                          callbacks=[monitor, keras.callbacks.LambdaCallback(on_train_batch_end=on_batch_end)])
         assert time.monotonic() - started < 30  # the 60 steps take ~1.5 s; nothing waited for the store
-        deadline = time.monotonic() + 60
-        while not (failed := [r.getMessage() for r in caplog.records if "cannot upload" in r.getMessage()]):
-            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-            time.sleep(0.2)
+        failed = _logged(caplog, "cannot upload", 60)
         said = {"throttled": "reduce your request rate" if kind == "s3" else "rate of change requests",
                 "expired token": "token has expired"}[fault]
         assert front.faulted > 0 and said in failed[0] and str(tmp_path / "staging") in failed[0], failed
@@ -207,10 +204,7 @@ def test_a_throttled_bucket_or_an_expired_token_mid_fit_is_one_warning_and_nothi
         report = _report_when(url, _finished(60))
         (run,) = report["runs"]
         assert run["steps"] == 60 and run["status"] == "finished" and not run["errors"], run
-        deadline = time.monotonic() + 60
-        while not any("again; nothing was lost" in r.getMessage() for r in caplog.records):
-            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-            time.sleep(0.2)
+        _logged(caplog, "again; nothing was lost", 60)
         assert sum("cannot upload" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -297,11 +291,7 @@ BACKEND_WRITER = textwrap.dedent("""
 def test_jax_and_torch_fits_write_to_a_bucket_without_tensorflow(backend, kind, monkeypatch, tmp_path):
     pytest.importorskip(backend)
     with ObjectStore(kind) as server:
-        for name, value in server.env.items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
-        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
-        server.make_bucket()
+        _use(server, monkeypatch, tmp_path)
         url = server.url("exp")
         child = subprocess.run([sys.executable, "-c", BACKEND_WRITER, url, TESTS], capture_output=True, text=True,
                                timeout=240, env=dict(os.environ, KERAS_BACKEND=backend))
@@ -317,11 +307,7 @@ def test_a_process_that_exits_with_the_store_down_names_what_stays_in_staging(mo
     RNNMON_UPLOAD_EXIT_WAIT_S, here 3 s, for the last upload), one warning names the staging folder, and the whole
     run is there; a later monitor of the same log directory on this host uploads it once the store answers."""
     with ObjectStore("s3") as server:
-        for name, value in server.env.items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setenv("RNNMON_STAGING_DIR", str(tmp_path / "staging"))
-        monkeypatch.setenv("RNNMON_CACHE_DIR", str(tmp_path / "cache"))
-        server.make_bucket()
+        _use(server, monkeypatch, tmp_path)
         url = server.url("down")
         server.stop()
         started = time.monotonic()
