@@ -26,12 +26,7 @@ _TOUCH_S = 1e-4  # intervals closer than this are contiguous
 
 
 def overlap_s(start: float, end: float, intervals: Iterable[tuple[float, float]]) -> float:
-    """How much of [start, end] the (start, end) `intervals` cover, in seconds (they do not overlap each other)."""
-    return sum(max(0.0, min(end, i_end) - max(start, i_start)) for i_start, i_end in intervals)
-
-
-def _union_s(start: float, end: float, intervals: Iterable[tuple[float, float]]) -> float:
-    """How much of [start, end] the union of (possibly overlapping) `intervals` covers, in seconds."""
+    """How much of [start, end] the (start, end) `intervals` cover, in seconds (time two of them share counts once)."""
     covered, reach = 0.0, start
     for s, e in sorted((max(s, start), min(e, end)) for s, e in intervals if e > start and s < end):
         if e > reach:
@@ -197,8 +192,8 @@ class DeviceBusy:
         samples reach; else unchanged."""
         start, end, _ = gap
         others = [other for other in self._busy if other != device]
-        covered = _union_s(start, end, [row for other in others for row in self._busy[other]])
-        known = _union_s(start, end, [(self._first[other], self._last[other]) for other in others])
+        covered = overlap_s(start, end, [row for other in others for row in self._busy[other]])
+        known = overlap_s(start, end, [(self._first[other], self._last[other]) for other in others])
         return (start, end, "sync") if known > 0 and covered >= 0.5 * known else gap
 
     def forget_before(self, time: float) -> None:
