@@ -40,6 +40,8 @@ GAPS_TAG = series.GAPS_TAG
 FINDINGS_TAG = "rnnmon/findings"  # JSON string: the latest list of findings
 ALERTS_TAG = "rnnmon/alerts"  # JSON string: alert records, appended per chunk
 SHAPES_TAG = "rnnmon/shapes"  # JSON string: the steps whose batch had an input shape new to the fit, per chunk
+COMPILES_TAG = "rnnmon/compiles"  # JSON string: the steps that compiled, by the framework's own signal, per chunk
+SHAPE_STEPS_TAG = "rnnmon/shape_steps"  # JSON string: per input shape, its steps and their cost, per chunk
 UTIL_TAG_PREFIX = series.UTIL_PREFIX  # + NVML index
 STATS_TAG_PREFIX = series.STATS_PREFIX  # + NVML index
 
