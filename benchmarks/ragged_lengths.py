@@ -48,18 +48,27 @@ def _child(arm: str, logdir: str, examples: int, lengths: list[int]) -> None:
         batches = [(np.arange(i, i + BATCH), None) for i in range(0, examples - BATCH + 1, BATCH)]
         batches = [(rows, int(sizes[rows].max()) if arm == "per-batch" else lengths[-1]) for rows, _ in batches]
 
+    def batch(index: int) -> tuple:
+        rows, width = batches[index]
+        return tokens[rows, :width], labels[rows]
+
     class Batches(keras.utils.PyDataset):
         def __len__(self) -> int:
             return len(batches)
 
-        def __getitem__(self, index: int):
-            rows, width = batches[index]
-            return tokens[rows, :width], labels[rows]
+        def __getitem__(self, index: int) -> tuple:
+            return batch(index)
 
+    data = Batches()
+    if keras.backend.backend() == "tensorflow":  # a signature with an unknown length (a PyDataset's is guessed)
+        import tensorflow as tf
+
+        data = tf.data.Dataset.from_generator(lambda: map(batch, range(len(batches))), output_signature=(
+            tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.float32)))
     model = keras.Sequential([keras.Input((None,), dtype="int32"), keras.layers.Embedding(50, 8),
                               keras.layers.LSTM(8), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse", jit_compile=True)
-    model.fit(Batches(), epochs=2, verbose=0, callbacks=[rnnmon.UtilizationMonitor(logdir, audit=False)])
+    model.fit(data, epochs=2, verbose=0, callbacks=[rnnmon.UtilizationMonitor(logdir, audit=False)])
 
 
 def _fit(backend: str, arm: str, examples: int, lengths: list[int]) -> dict:
