@@ -91,7 +91,7 @@ class Recorder:
             self._remember_intervals(steps, phases)
             gaps = self._find_gaps(util, horizon, final)
             chunk = {"steps": steps, "phases": phases, "util": util, "stats": stats, "host": host, "gaps": gaps,
-                     "fetch_floor_s": self.fetch_floor_s}
+                     "fetch_floor_s": self.fetch_floor_s, "compiles": compiles}
             self._write(chunk)
             if shapes:
                 self._writer.json(schema.SHAPES_TAG, [_shape_record(row, self._offset) for row in shapes])
