@@ -47,8 +47,8 @@ def compile_fixes(shape_steps: list[dict[str, Any]], compiles: list[dict[str, An
     compile_s = _compile_cost(compiles, cost, dim)
     lengths = {shape: shape[0][dim] for shape in steps}
     counts = {shape: n for shape, (n, _, _) in steps.items()}
-    work = sum(n * cost(shape, lengths[shape]) for shape, n in counts.items())
-    base = times["training"] - times["recompiles"] - work  # what stays: gaps, validation, epoch ends
+    # what stays: host gaps, validation, epoch ends (every step, compiles and all, is predicted anew)
+    base = times["training"] - times["steps"] - times["recompiles"] - times["slow_steps"]
     longest = max(lengths.values())
     batch = max(counts, key=lambda shape: counts[shape])  # the usual batch's shape
     share = _example_share(lengths, counts, batch[0][0] or 1)
@@ -150,13 +150,16 @@ def _work(shape: tuple | list, length: int) -> float:
 
 
 def _compile_cost(compiles: list[dict[str, Any]], cost: Any, dim: int) -> float:
-    """A compile's mean cost: its measured seconds (JAX), or its step's time beyond the fitted cost."""
+    """A compile's mean cost to the fit: its step's time beyond the fitted cost of a step at its length (on JAX
+    more than the compile events' seconds: the dispatch around them goes with them); the measured seconds where
+    the step's length is unknown."""
     costs = []
     for record in compiles:
         shapes = record.get("shapes")
-        if record.get("seconds") is not None:
-            costs.append(record["seconds"] / max(record["count"], 1))
-        elif shapes and shapes[0] and len(shapes[0]) > dim and shapes[0][dim]:
+        if not (shapes and shapes[0] and len(shapes[0]) > dim and shapes[0][dim]):
+            if record.get("seconds") is not None:
+                costs.append(record["seconds"] / max(record["count"], 1))
+        else:
             key = tuple(None if s is None else tuple(s) for s in shapes)
             batches = max(record.get("batches") or 1, 1)
             excess = record["duration_s"] - batches * cost(key, shapes[0][dim])
