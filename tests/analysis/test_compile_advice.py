@@ -30,9 +30,9 @@ def _records(padded: list[int]) -> tuple[list[dict], list[dict], dict]:
         if new and step > 1:  # the first is the warm-up's
             compiles.append({"step": step, "batches": 1, "time": float(step), "duration_s": COMPILE_S + _step_s(length),
                              "count": 1, "seconds": None, "source": "xla", "shapes": shapes})
-    recompiles = COMPILE_S * len(compiles)
-    training = sum(_step_s(length) for length in padded[1:]) + recompiles
-    return shape_steps, compiles, {"training": training, "recompiles": recompiles}
+    recompiles, steps = COMPILE_S * len(compiles), sum(_step_s(length) for length in padded[1:])
+    return shape_steps, compiles, {"training": steps + recompiles + 0.5, "steps": steps, "recompiles": recompiles,
+                                   "slow_steps": 0.0}  # and 0.5 s of epoch ends, which no fix changes
 
 
 def test_one_length_is_every_step_at_the_longest_and_one_compile():
@@ -41,8 +41,8 @@ def test_one_length_is_every_step_at_the_longest_and_one_compile():
     assert fixes["length_dim"] == 1 and fixes["lengths"] == [12, 40]
     assert fixes["compile_s"] == pytest.approx(COMPILE_S, rel=1e-3)
     assert fixes["one_length"]["length"] == 40 and fixes["one_length"]["compiles"] == 1
-    # the training time keeps what is not steps or compiles (nothing here): the steps after the warm-up at 40
-    assert fixes["one_length"]["training_s"] == pytest.approx((len(padded) - 1) * _step_s(40), rel=0.05)
+    # the training time keeps what is not steps or compiles: the steps after the warm-up at 40, and epoch ends
+    assert fixes["one_length"]["training_s"] == pytest.approx((len(padded) - 1) * _step_s(40) + 0.5, rel=0.05)
 
 
 def test_buckets_pay_one_compile_each_and_the_examples_lengths_not_the_batches():
@@ -57,7 +57,7 @@ def test_buckets_pay_one_compile_each_and_the_examples_lengths_not_the_batches()
     share = np.array([np.mean(examples <= length) for length in lengths])
     true_steps = len(padded) * np.diff(np.r_[0.0, share])
     true_s = float(sum(n * _step_s(length) for n, length in zip(true_steps, lengths)))
-    true_s += (len(lengths) - 1) * COMPILE_S
+    true_s += (len(lengths) - 1) * COMPILE_S + 0.5
     assert fixes["buckets"]["training_s"] == pytest.approx(true_s, rel=0.15), (fixes, true_s)
     assert fixes["buckets"]["training_s"] < fixes["one_length"]["training_s"]
 
@@ -67,4 +67,5 @@ def test_shapes_that_differ_only_in_batch_size_are_no_length_fix():
                    {"shapes": [[5, 16, 8], [5, 1]], "steps": 1, "plain_steps": 0, "plain_s": 0.0}]
     compiles = [{"step": 13, "batches": 1, "time": 13.0, "duration_s": 0.9, "count": 1, "seconds": None,
                  "source": "xla", "shapes": [[5, 16, 8], [5, 1]]}]
-    assert compile_fixes(shape_steps, compiles, {"training": 1.0, "recompiles": 0.9}) is None
+    times = {"training": 1.0, "steps": 0.1, "recompiles": 0.9, "slow_steps": 0.0}
+    assert compile_fixes(shape_steps, compiles, times) is None
