@@ -26,6 +26,8 @@ const CAUSES = {
   eval: {label: "validation", color: "rgba(20, 184, 166, 0.45)"},
   other: {label: "unexplained", color: "rgba(100, 116, 139, 0.45)"},
   sync: {label: "waiting for another GPU", color: "rgba(225, 29, 72, 0.45)"},
+  warmup: {label: "warm-up (tracing, compiling)", color: "rgba(148, 163, 184, 0.55)"},
+  epoch_end: {label: "epoch end", color: "rgba(99, 102, 241, 0.45)"},
 };
 const PHASES = {
   eval: {label: "validation phase", color: "rgba(20, 184, 166, 0.10)"},
