@@ -138,6 +138,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
     Its place in the callbacks list does not matter: every callback's batch hooks count as host time between
     steps, wherever it sits.
 
+    It records `fit` (its validation included). Given to `model.evaluate()` or `predict()` outside a fit, it
+    records nothing and says so once, in a warning.
+
     Example:
         ```python
         model.fit(dataset, epochs=3, callbacks=[rnnmon.UtilizationMonitor("runs/exp1")])
@@ -210,6 +213,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._scope = FitScope(None, 0)
         self._trial: Trial | None = None
         self._callback_timing: CallbackTiming | None = None
+        self._told_outside_fit = False  # evaluate() or predict() was given this monitor outside a fit
 
     def __deepcopy__(self, memo: dict[int, Any]) -> UtilizationMonitor:
         """A fresh, unstarted monitor with this one's settings: KerasTuner copies the callbacks for each trial.
@@ -408,7 +412,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._last_end = end
 
     def on_test_begin(self, logs: dict | None = None) -> None:
-        if self._active:
+        if not self._active:
+            if not FitScope.find(self.model).known:  # validation calls it from fit: a monitor off for this fit
+                self._outside_fit("evaluate")
+        else:
             now = self._clock()
             if self._open_phase is None:  # validation starts right after the epoch's last step
                 # Before the fit's first validation Keras builds its data iterator (distributes it, under a
@@ -423,6 +430,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
             now = self._clock()
             self._close_phase(now)
             self._open_phase = ("eval", now)
+
+    def on_predict_begin(self, logs: dict | None = None) -> None:
+        self._outside_fit("predict")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._active and (self._callback_timing is None or not self._callback_timing.stamps_epoch_end):
@@ -443,6 +453,13 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._finish("finished")
 
     # --- helpers ---------------------------------------------------------------------------------------
+    def _outside_fit(self, call: str) -> None:
+        """`model.evaluate()` or `predict()` was given this monitor: say once that only `fit` is recorded."""
+        if not self._told_outside_fit:
+            self._told_outside_fit = True
+            LOG.warning("rnnmon: model.%s() was given this monitor, which records fit() only (its validation "
+                        "included): evaluate() and predict() outside fit() are not recorded.", call)
+
     def _on_wait(self, seconds: float, batches: int, shapes: Shapes | None) -> None:
         self._wait, self._batches, self._shapes = seconds, batches, shapes
 

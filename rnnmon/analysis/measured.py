@@ -293,7 +293,7 @@ def _low_work(summary: dict[str, Any]) -> list[Finding]:
 
 
 def _eval_idle(summary: dict[str, Any]) -> list[Finding]:
-    idle_s = summary["idle_by_cause_s"].get("eval", 0.0)
+    idle_s = summary["idle_by_cause_s"].get("eval", 0.0) + summary["idle_by_cause_s"].get("epoch_end", 0.0)
     training = summary["time_s"]["training"]
     if not summary["gpus"] or not training or idle_s / training < EVAL_IDLE_SHARE:
         return []

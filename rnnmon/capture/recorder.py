@@ -110,10 +110,11 @@ class Recorder:
             if wait_s == wait_s:
                 self._intervals.add(begin, begin + wait_s, "input")
         for kind, start, end in phases:
-            if schema.PHASE_KINDS[kind] not in ("warmup", "profile"):
-                self._intervals.add(start, end, "eval")
-            else:  # tracing, or a profiler starting or saving: left out of the blame
-                self._intervals.add_warmup(start, end)
+            name = schema.PHASE_KINDS[kind]
+            if name in ("warmup", "profile"):  # tracing and compiling; a profiler starting or saving
+                self._intervals.add_unstepped(start, end, name)
+            else:
+                self._intervals.add(start, end, name)
 
     def _find_gaps(self, util: dict[int, list[tuple[float, float]]], horizon: float,
                    final: bool) -> list[tuple[int, Gap]]:

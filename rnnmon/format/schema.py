@@ -53,7 +53,10 @@ UTIL_COLUMNS = series.UTIL.columns
 STAT_COLUMNS = series.STATS.columns
 HOST_COLUMNS = series.HOST.columns
 GAP_COLUMNS = series.GAPS.columns
-GAP_CAUSES = ("input", "host", "eval", "other", "sync")  # sync: another GPU of the process computed
+# Append only: a cause is stored as its index. sync: another GPU of the process computed; warmup: a fit's first step
+# or first validation batch (tracing, compiling); epoch_end: between an epoch's last step (or its validation) and the
+# next epoch's first. Runs recorded before the last two count epoch boundaries as "eval" and warm-up as no cause.
+GAP_CAUSES = ("input", "host", "eval", "other", "sync", "warmup", "epoch_end")
 STEP_DEVICE = -1  # the `device` of a gap derived from step phases (no GPU)
 
 
