@@ -9,7 +9,9 @@ one) and hands the owner the exporter of its `job`/`worker` labels there, shared
 labels, so consecutive fits add to one set of counters. An exporter is served while an owner holding it exists;
 when the last owner is garbage-collected its series leave the endpoint, and when no exporter is left the endpoint
 closes (socket, thread, file_sd file).
-Between fits `rnnmon_training` is 0, so rules gated on it are silent on a process that no longer trains.
+Between fits `rnnmon_training` is 0, so rules gated on it are silent on a process that no longer trains; from a
+fit's start until its warm-up step (tracing, compiling) is recorded `rnnmon_warmup` is 1, and the GPU's busy and
+sampled seconds leave the warm-up out, as rnnmon's own rules do (rnnmon.alerts.rules).
 
 Example:
     >>> exporter, port = attach(monitor, port=0, job="lstm-sweep", worker="0")   # a free port; logged
@@ -125,6 +127,8 @@ class PrometheusExporter:
         r.register(_Histograms([self._step, self._wait, self._gap], [job, worker]))
         self._training = Gauge("rnnmon_training", "1 while a fit of this job and worker runs, 0 between fits",
                                names, registry=r).labels(**self.labels)
+        self._warmup = Gauge("rnnmon_warmup", "1 from a fit's start until its warm-up step (tracing, compiling) "
+                             "is recorded, 0 after", names, registry=r).labels(**self.labels)
         self._steps = Counter("rnnmon_steps", "Training batches run", names, registry=r).labels(**self.labels)
         self._util = Gauge("rnnmon_gpu_utilization_ratio", "Latest driver utilization sample, 0-1",
                            (*names, "gpu"), registry=r)
@@ -143,6 +147,7 @@ class PrometheusExporter:
         self._totals = {"steps": 0, "wait_s": 0.0, "gap_s": 0.0, "step_s": 0.0, "compile_s": 0.0, "plain_s": 0.0,
                         "plain_batches": 0.0}
         self._last_sample: dict[int, float] = {}  # per GPU: the time of its latest utilization sample
+        self._warm_end: float | None = -np.inf  # GPU samples before it are warm-up; None: the warm-up runs
         self._fits = 0
         self._fits_lock = threading.Lock()
         self._set_verdict("insufficient-data")
@@ -160,6 +165,8 @@ class PrometheusExporter:
         with self._fits_lock:
             self._fits += 1
             self._training.set(1)
+            self._warmup.set(1)
+        self._warm_end = None
         self._last_sample.clear()  # the time between two fits is not sampled time
 
     def on_chunk(self, chunk: dict[str, Any], firing: Iterable[str] = ()) -> None:
@@ -167,6 +174,7 @@ class PrometheusExporter:
         if chunk["steps"]:
             rows = np.asarray(chunk["steps"], dtype=np.float64)
             self._steps.inc(float(rows[:, 6].sum()))
+            self._end_warmup(rows)
             rows = rows[~np.isnan(rows[:, 5])]  # a fit's warm-up step: tracing, not training
             duration = np.clip(rows[:, 3] - rows[:, 2], 0.0, None)
             gap, wait = np.clip(rows[:, 5], 0.0, None), np.clip(rows[:, 4], 0.0, None)
@@ -193,6 +201,14 @@ class PrometheusExporter:
         self._set_verdict(verdict(totals["steps"], totals["wait_s"], totals["gap_s"], totals["step_s"],
                                   totals["compile_s"], totals["step_s"]))
 
+    def _end_warmup(self, rows: np.ndarray) -> None:
+        """The warm-up ends with the fit's warm-up step (NaN host gap), or before the first step without one."""
+        if self._warm_end is not None:
+            return
+        warmup = rows[np.isnan(rows[:, 5]), 3]
+        self._warm_end = float(warmup.max()) if len(warmup) else -np.inf
+        self._warmup.set(0)
+
     def _compile_s(self, rows: np.ndarray, duration: np.ndarray, compiles: list[tuple]) -> float:
         """The chunk's compile time, as the report counts it: the framework's measured seconds, else a compiling
         step's time beyond a step that compiled nothing (their mean per batch so far). `compiles`: the recorder's
@@ -210,6 +226,7 @@ class PrometheusExporter:
     def fit_ended(self) -> None:
         """Alerts resolve when a fit ends, and `rnnmon_training` drops to 0 once no fit with these labels runs;
         the counters and the verdict stay for the last scrapes."""
+        self._warmup.set(0)
         for rule in RULES:
             self._firing.labels(**self.labels, rule=rule).set(0)
         with self._fits_lock:
@@ -217,16 +234,19 @@ class PrometheusExporter:
             self._training.set(1 if self._fits else 0)
 
     def _count_utilization(self, index: int, samples: list[tuple[float, float]]) -> None:
-        """Each sample's utilization holds from the previous sample to it: busy and sampled seconds grow by it."""
+        """Each sample's utilization holds from the previous sample to it: busy and sampled seconds grow by it.
+        Samples of the warm-up count for neither: a GPU idle while the first step compiles is not underused."""
         times = np.asarray([t for t, _ in samples])
         ratios = np.asarray([u for _, u in samples]) / 100.0
         previous = self._last_sample.get(index, times[0])
         spans = np.clip(np.diff(times, prepend=previous), 0.0, None)
         self._last_sample[index] = float(times[-1])
+        after_warmup = times >= (np.inf if self._warm_end is None else self._warm_end)
+        spans, ratios = spans[after_warmup], ratios[after_warmup]
         labels = {**self.labels, "gpu": str(index)}
         self._busy.labels(**labels).inc(float((spans * ratios).sum()))
         self._sampled.labels(**labels).inc(float(spans.sum()))
-        self._util.labels(**labels).set(float(ratios[-1]))
+        self._util.labels(**labels).set(float(samples[-1][1]) / 100.0)
 
     def _set_verdict(self, current: str) -> None:
         for name in VERDICTS:

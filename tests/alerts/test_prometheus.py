@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import socket
@@ -55,7 +56,7 @@ class ScrapeDuringFit(keras.callbacks.Callback):
 @pytest.mark.slow
 def test_endpoint_during_a_fit_has_every_documented_name_and_counters_grow(tmp_path, rnnmon_warnings):
     documented = documented_metrics()
-    assert len(documented) == 11, documented
+    assert len(documented) == 12, documented
     half_idle = FakeGpu(utilization=lambda t: 0.0 if t % 0.6 < 0.3 else 90.0, pids=[os.getpid()])
     with installed(FakeNvmlLib([half_idle])):
         monitor = UtilizationMonitor(str(tmp_path), prometheus_port=0, prometheus_job="sweep", flush_secs=0.3,
@@ -132,3 +133,26 @@ def test_the_live_verdict_counts_compiles_as_the_report_does():
     exporter.on_chunk({"steps": rows, "util": {}, "gaps": [], "compiles": compiles})
     labels = {"job": "rnnmon", "worker": "0", "verdict": "compile-bound"}
     assert exporter.registry.get_sample_value("rnnmon_verdict", labels) == 1.0
+
+
+def test_the_warmup_is_flagged_and_its_gpu_samples_count_as_neither_busy_nor_sampled():
+    """A 30 s first step at 0% (tracing, compiling), then 90%: busy over sampled reads 90%, as rnnmon judges."""
+    from rnnmon.alerts.prometheus import PrometheusExporter
+
+    exporter = PrometheusExporter()
+    exporter.add_devices([0])
+    exporter.fit_started()
+    labels = {"job": "rnnmon", "worker": "0"}
+    compiling = [(0.5 * k, 0.0) for k in range(40)]  # before the warm-up step is recorded
+    exporter.on_chunk({"steps": [], "util": {0: compiling}, "gaps": []})
+    assert exporter.registry.get_sample_value("rnnmon_warmup", labels) == 1.0
+    warmup = (1, 0, 0.0, 30.0, math.nan, math.nan, 1)
+    steps = [(k + 2, 0, 30.0 + k, 31.0 + k, 0.0, 0.0, 1) for k in range(20)]
+    exporter.on_chunk({"steps": [warmup, *steps], "util": {0: [(0.5 * k, 0.0 if k < 60 else 90.0)
+                                                               for k in range(40, 100)]}, "gaps": []})
+    assert exporter.registry.get_sample_value("rnnmon_warmup", labels) == 0.0
+    busy = exporter.registry.get_sample_value("rnnmon_gpu_busy_seconds_total", {**labels, "gpu": "0"})
+    sampled = exporter.registry.get_sample_value("rnnmon_gpu_sampled_seconds_total", {**labels, "gpu": "0"})
+    assert sampled == pytest.approx(20.0) and busy / sampled == pytest.approx(0.9)
+    exporter.fit_ended()
+    assert exporter.registry.get_sample_value("rnnmon_warmup", labels) == 0.0

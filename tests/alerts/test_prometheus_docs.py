@@ -91,9 +91,21 @@ def test_grafana_dashboard_queries_only_documented_metrics():
 
 
 @pytest.mark.parametrize("path", [RULES, FAST], ids=["default", "fast"])
-def test_every_rule_holds_only_while_training_runs(path):
+def test_every_rule_holds_only_while_training_runs_past_its_warmup(path):
     for rule in load_rules(path):
-        assert rule["expr"].rstrip().endswith("and on (job, worker) rnnmon_training == 1"), rule["alert"]
+        assert " ".join(rule["expr"].split()).endswith(
+            "and on (job, worker) rnnmon_training == 1 and on (job, worker) rnnmon_warmup == 0"), rule["alert"]
+        if "rnnmon_gpu_idle_seconds_total" in rule["expr"]:  # the warm-up's idle gap is tracing, not a finding
+            assert 'rnnmon_gpu_idle_seconds_total{cause!="warmup"}' in rule["expr"], rule["alert"]
+
+
+@pytest.mark.parametrize("path", [RULES, FAST], ids=["default", "fast"])
+def test_no_rule_judged_by_prometheus_fires_on_one_evaluation(path):
+    """`for: 0s` only where no noise can trip it: a closed idle gap of 10 s, or a judgement rnnmon held 30 s."""
+    for rule in load_rules(path):
+        if rule["for"] == "0s":
+            assert rule["labels"].get("rnnmon_rule") == "idle_gap" or "rnnmon_alert_firing" in rule["expr"], \
+                rule["alert"]
 
 
 def test_gpu_util_low_judges_the_windowed_mean_not_the_latest_sample():
@@ -112,13 +124,13 @@ def test_the_fast_profile_is_the_default_rules_judged_over_the_rnnmon_windows():
     for name, rule in fast.items():
         assert rule["labels"] == default[name]["labels"], name
         if "rnnmon_rule" not in rule["labels"]:  # a finding across workers (STRAGGLER): over the shortest window
-            assert rule["expr"] == default[name]["expr"].replace("[1m]", "[30s]") and rule["for"] == "0s", name
+            assert rule["expr"] == default[name]["expr"].replace("[1m]", "[30s]") and rule["for"] == "10s", name
             continue
         group = getattr(defaults, rule["labels"]["rnnmon_rule"])
         if "[1m]" in default[name]["expr"] and hasattr(group, "for_s"):  # a windowed rule judged by Prometheus
             window = f"[{int(group.for_s)}s]" if group.for_s < 60 else f"[{int(group.for_s) // 60}m]"
             assert rule["expr"] == default[name]["expr"].replace("[1m]", window), name
-            assert rule["for"] == "0s", name
+            assert rule["for"] == ("0s" if name == "RnnmonIdleGap" else "10s"), name  # three evaluations agree
         else:
             assert (rule["expr"], rule["for"]) == (default[name]["expr"], default[name]["for"]), name
     with open(os.path.join(DOCS, "prometheus.md"), encoding="utf-8") as page:

@@ -170,7 +170,7 @@ def test_gpu_util_rule_fires_on_a_starved_gpu_and_stops_when_training_ends(tmp_p
     # The latest sample crosses 20% every 0.3 s (a gauge rule never holds); the windowed mean is 15%.
     starved = FakeGpu(utilization=lambda t: 0.0 if t % 0.6 < 0.3 else 30.0, pids=[os.getpid()])
     seen, server = _fit_and_watch(tmp_path, prometheus, "starved", starved,
-                             stalled_dataset(400, 0.02, prefetch="none"), tiny_model())
+                             stalled_dataset(1000, 0.02, prefetch="none"), tiny_model())  # 20 s: for: 10s holds
     assert {"RnnmonGpuUtilLow", "RnnmonInputWaitHigh"} <= seen, seen
     # The [1m] mean still holds the starved fit: the alert stopped because rnnmon_training went to 0.
     assert server.query('rate(rnnmon_gpu_busy_seconds_total{job="starved"}[1m])'
@@ -183,3 +183,24 @@ def test_the_rules_stay_silent_on_a_tuned_run(tmp_path, prometheus):
                                   tiny_model(device_s=0.012))
     assert not seen, seen
     assert server.value('rnnmon_gpu_busy_seconds_total{job="tuned"}') > 0  # the rule had data to judge
+
+
+def test_a_long_warmup_pages_no_one(tmp_path, prometheus):
+    """The first batch takes 12 s (a pipeline filling its buffers, a long compile) while the GPU idles, then the
+    fit runs at 90%: the fast rules at a 1 s evaluation interval stay silent throughout."""
+    started = {"at": math.inf}
+
+    def first_batch_slow(batch: int) -> float:
+        if batch == 0:
+            started["at"] = time.time() + 12.0
+            return 12.0
+        return 0.0
+
+    gpu = FakeGpu(utilization=lambda t: 90.0 if t >= started["at"] else 0.0, pids=[os.getpid()])
+    seen, server = _fit_and_watch(tmp_path, prometheus, "warm", gpu,
+                                  stalled_dataset(600, first_batch_slow, prefetch="explicit"),
+                                  tiny_model(device_s=0.012))
+    assert not seen, seen
+    assert server.value('max_over_time(rnnmon_warmup{job="warm"}[5m])') == 1  # the exporter said so
+    assert server.value('rnnmon_gpu_idle_seconds_total{job="warm",cause="warmup"}') >= 10  # booked as warm-up
+    assert server.value('rnnmon_gpu_busy_seconds_total{job="warm"} / rnnmon_gpu_sampled_seconds_total') > 0.8

@@ -27,7 +27,8 @@ def _worker(job: str, worker: str, wait_s: float) -> list[dict[str, str]]:
                   "rnnmon_host_gap_seconds_sum": STEPS_PER_SCRAPE * GAP_S}
     return [*({"series": f'{name}{{job="{job}",worker="{worker}"}}', "values": f"0+{increase!r}x40"}
               for name, increase in per_scrape.items()),
-            {"series": f'rnnmon_training{{job="{job}",worker="{worker}"}}', "values": "1x40"}]  # a fit runs
+            {"series": f'rnnmon_training{{job="{job}",worker="{worker}"}}', "values": "1x40"},  # a fit runs
+            {"series": f'rnnmon_warmup{{job="{job}",worker="{worker}"}}', "values": "0x40"}]  # past its warm-up
 
 
 def _alert(job: str, worker: str, share: str) -> dict:
