@@ -38,6 +38,7 @@ import numpy as np
 from rnnmon.alerts.thresholds import Thresholds
 from rnnmon.analysis.input_share import pipeline_wait_s
 from rnnmon.analysis.verdict import VERDICTS, verdict
+from rnnmon.capture import exits
 from rnnmon.format import schema
 
 LOG = logging.getLogger("rnnmon")
@@ -350,16 +351,74 @@ def share(owner: object, exporter: PrometheusExporter) -> None:
 
 
 def _write_sd_file(sd_dir: str, addr: str, port: int, job: str) -> str | None:
-    """A file_sd_configs target file for this endpoint, `<sd_dir>/<host>-<port>.json`, written atomically."""
+    """A file_sd_configs target file for this endpoint, `<sd_dir>/<host>-<port>.json`, written atomically, after
+    removing the files that dead processes of this machine left there. Its `__meta_` labels (dropped by Prometheus
+    after relabelling) say which machine and process wrote it."""
     host = socket.getfqdn() if addr in ("0.0.0.0", "::", "") else addr
     path = os.path.join(sd_dir, f"{host}-{port}.json")
+    labels = {"rnnmon_job": job, "__meta_rnnmon_machine": socket.gethostname(), "__meta_rnnmon_pid": str(os.getpid())}
     try:
         os.makedirs(sd_dir, exist_ok=True)
+        _remove_stale_sd_files(sd_dir)
         with open(f"{path}.tmp", "w", encoding="utf-8") as file:
-            json.dump([{"targets": [f"{host}:{port}"], "labels": {"rnnmon_job": job}}], file)
+            json.dump([{"targets": [f"{host}:{port}"], "labels": labels}], file)
         os.replace(f"{path}.tmp", path)
     except OSError as error:
         LOG.error("rnnmon: cannot write the Prometheus file_sd target %s (%s); the endpoint is served anyway",
                   path, error.strerror or error)
         return None
     return path
+
+
+def _remove_stale_sd_files(sd_dir: str) -> None:
+    """Remove the target files in `sd_dir` of processes of this machine that are gone (SIGKILL, a crash, a lost
+    container), whose target Prometheus would show as down for good: written here, and their process has exited
+    or nothing listens at their target any more (a pid reused by a restarted container)."""
+    machine = socket.gethostname()
+    for name in os.listdir(sd_dir):
+        path = os.path.join(sd_dir, name)
+        try:
+            with open(path, encoding="utf-8") as file:
+                [group] = json.load(file)
+            labels, [target] = group["labels"], group["targets"]
+            pid = int(labels["__meta_rnnmon_pid"])
+        except (OSError, ValueError, LookupError, TypeError):  # not ours, or from an older rnnmon: left alone
+            continue
+        if labels.get("__meta_rnnmon_machine") == machine and not (_alive(pid) and _listening(target)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                LOG.info("rnnmon: removed %s, the Prometheus target of process %d, gone", path, pid)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
+
+
+def _listening(target: str) -> bool:
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except (OSError, ValueError):  # unresolvable or slow: not known to be gone
+        return True
+
+
+def _remove_sd_files() -> None:
+    """The process dies of a signal: its endpoints' target files go first (nothing else would remove them)."""
+    for endpoint in list(_ENDPOINTS):
+        if endpoint.sd_file:
+            with contextlib.suppress(OSError):
+                os.unlink(endpoint.sd_file)
+
+
+exits.before_signal_death(_remove_sd_files)

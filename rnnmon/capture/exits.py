@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import threading
@@ -26,6 +27,13 @@ from typing import Any
 
 _STATUS = {signal.SIGTERM: "terminated", signal.SIGINT: "interrupted"}
 _ARMED: weakref.WeakSet[ExitGuard] = weakref.WeakSet()
+_BEFORE_SIGNAL_DEATH: list[Callable[[], None]] = []
+
+
+def before_signal_death(callback: Callable[[], None]) -> None:
+    """Run `callback()` when a guard lets a signal end the process by its default action, after the fit's record
+    is written: neither `atexit` nor finalizers run then (a scheduler's SIGTERM, a preemption)."""
+    _BEFORE_SIGNAL_DEATH.append(callback)
 
 
 class ExitGuard:
@@ -69,6 +77,9 @@ class ExitGuard:
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL:
+            for callback in _BEFORE_SIGNAL_DEATH:
+                with contextlib.suppress(Exception):
+                    callback()
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 

@@ -7,6 +7,8 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -94,7 +96,10 @@ def test_the_port_is_the_base_plus_the_local_rank_and_a_file_sd_target_is_writte
     assert total(scrape(base + 3), "rnnmon_training") == 0
     [target] = os.listdir(sd_dir)
     with open(sd_dir / target, encoding="utf-8") as file:
-        assert json.load(file) == [{"targets": [f"127.0.0.1:{base + 3}"], "labels": {"rnnmon_job": "rnnmon"}}]
+        [group] = json.load(file)
+    assert group["targets"] == [f"127.0.0.1:{base + 3}"]
+    assert group["labels"] == {"rnnmon_job": "rnnmon", "__meta_rnnmon_machine": socket.gethostname(),
+                               "__meta_rnnmon_pid": str(os.getpid())}
     del monitor
     gc.collect()
     assert wait_for(lambda: not os.listdir(sd_dir))  # the target goes with the endpoint
@@ -113,3 +118,26 @@ def test_a_kerastuner_copy_keeps_the_endpoint_until_it_is_dropped_too(tmp_path):
     del trial
     gc.collect()
     assert wait_for(lambda: refused(port))
+
+
+def test_a_new_endpoint_removes_the_targets_of_dead_processes_of_its_machine_only(tmp_path):
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    machine = socket.gethostname()
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        live_port = listening.getsockname()[1]
+        files = {"dead.json": (machine, gone.stdout.strip(), 1),  # SIGKILLed: its pid is gone
+                 "reused.json": (machine, str(os.getpid()), free_port()),  # its pid lives on, its port is closed
+                 "elsewhere.json": ("another-host", gone.stdout.strip(), 1),  # not this machine's to judge
+                 "live.json": (machine, str(os.getpid()), live_port)}
+        for name, (host, pid, port) in files.items():
+            (sd_dir / name).write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {
+                "rnnmon_job": "old", "__meta_rnnmon_machine": host, "__meta_rnnmon_pid": pid}}]))
+        (sd_dir / "by-hand.json").write_text(json.dumps([{"targets": ["127.0.0.1:1"]}]))  # not rnnmon's
+        monitor = UtilizationMonitor(str(tmp_path / "run"), prometheus_port=free_port(), prometheus_sd_dir=str(sd_dir))
+    assert sorted(os.listdir(sd_dir)) == sorted(["elsewhere.json", "live.json", "by-hand.json",
+                                                 f"127.0.0.1-{monitor.prometheus_port}.json"])

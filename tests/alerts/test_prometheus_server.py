@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -44,11 +45,12 @@ def free_port() -> int:
 class Prometheus:
     """A Prometheus process scraping `target`, with the test copy of the fast rules; queried over its HTTP API."""
 
-    def __init__(self, folder: str, target: int) -> None:
+    def __init__(self, folder: str, target: int | None = None, sd_dir: str | None = None) -> None:
         shutil.copy(os.path.join(ROOT, "docs", "prometheus-rules-fast.yml"), os.path.join(folder, "rules.yml"))
+        targets = ({"file_sd_configs": [{"files": [f"{sd_dir}/*.json"]}]} if sd_dir else
+                   {"static_configs": [{"targets": [f"127.0.0.1:{target}"]}]})
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "scrape_configs": [{"job_name": "rnnmon", "honor_labels": True,
-                                      "static_configs": [{"targets": [f"127.0.0.1:{target}"]}]}],
+                  "scrape_configs": [{"job_name": "rnnmon", "honor_labels": True, **targets}],
                   "rule_files": ["rules.yml"]}
         with open(os.path.join(folder, "prometheus.yml"), "w", encoding="utf-8") as file:
             json.dump(config, file)  # JSON is YAML
@@ -105,8 +107,8 @@ class Prometheus:
 def prometheus(tmp_path) -> Iterator:
     started: list[Prometheus] = []
 
-    def start(port: int) -> Prometheus:
-        server = Prometheus(str(tmp_path), port)
+    def start(port: int | None = None, sd_dir: str | None = None) -> Prometheus:
+        server = Prometheus(str(tmp_path), port, sd_dir)
         started.append(server)
         return server
 
@@ -204,3 +206,50 @@ def test_a_long_warmup_pages_no_one(tmp_path, prometheus):
     assert server.value('max_over_time(rnnmon_warmup{job="warm"}[5m])') == 1  # the exporter said so
     assert server.value('rnnmon_gpu_idle_seconds_total{job="warm",cause="warmup"}') >= 10  # booked as warm-up
     assert server.value('rnnmon_gpu_busy_seconds_total{job="warm"} / rnnmon_gpu_sampled_seconds_total') > 0.8
+
+
+TRAIN_UNTIL_STOPPED = """
+import sys, time, numpy as np, keras, rnnmon
+monitor = rnnmon.UtilizationMonitor(sys.argv[1], prometheus_port=0, prometheus_sd_dir=sys.argv[2])
+class Started(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 2:
+            print("training", flush=True)
+        time.sleep(0.01)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+x = np.zeros((64, 4), "float32")
+model.fit(x, x[:, :1], batch_size=1, epochs=10000, verbose=0, callbacks=[monitor, Started()])
+"""
+
+
+def test_no_target_outlives_its_process(tmp_path, prometheus):
+    """Two processes announce themselves through file_sd; one is stopped by SIGTERM (a scheduler), one by SIGKILL
+    (the OOM killer): the first removes its file, the next monitor on the folder removes the second's."""
+    sd_dir = str(tmp_path / "sd")
+    os.mkdir(sd_dir)  # before Prometheus starts: it watches only a folder that exists (else rereads it in 5 m)
+    server = prometheus(sd_dir=sd_dir)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    children = [subprocess.Popen([sys.executable, "-c", TRAIN_UNTIL_STOPPED, str(tmp_path / name), sd_dir],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                for name in ("stopped", "killed")]
+    try:
+        for child in children:
+            assert child.stdout.readline().strip() == "training", child.poll()
+        server.wait(lambda: len(server.query("up == 1")) == 2, 20, "both processes scraped")
+        stopped, killed = children
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(30) == -signal.SIGTERM  # it still dies of the signal, as the scheduler expects
+        assert len(os.listdir(sd_dir)) == 1  # its file went with it
+        killed.kill()
+        assert killed.wait(30) == -signal.SIGKILL
+        assert len(os.listdir(sd_dir)) == 1  # nothing runs on SIGKILL: its file stays ...
+        server.wait(lambda: server.query("up == 0"), 20, "the killed process's target down")
+        monitor = UtilizationMonitor(str(tmp_path / "next"), prometheus_port=free_port(), prometheus_sd_dir=sd_dir)
+        assert os.listdir(sd_dir) == [f"127.0.0.1-{monitor.prometheus_port}.json"]  # ... until the next monitor
+        server.wait(lambda: [m["instance"] for m, _ in server.query("up")]
+                    == [f"127.0.0.1:{monitor.prometheus_port}"], 20, "the dead targets gone from Prometheus")
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
