@@ -22,6 +22,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
+import keras
 import numpy as np
 import pytest
 from conftest import ROOT, read_run, stalled_dataset, tiny_model
@@ -31,6 +32,7 @@ from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
 
 pytest.importorskip("prometheus_client")
+yaml = pytest.importorskip("yaml")
 BINARY = shutil.which("prometheus", path=os.path.dirname(sys.executable)) or shutil.which("prometheus")
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(BINARY is None, reason="no prometheus binary (.ci/setup --test takes Debian's)")]
@@ -45,13 +47,15 @@ def free_port() -> int:
 class Prometheus:
     """A Prometheus process scraping `target`, with the test copy of the fast rules; queried over its HTTP API."""
 
-    def __init__(self, folder: str, target: int | None = None, sd_dir: str | None = None) -> None:
-        shutil.copy(os.path.join(ROOT, "docs", "prometheus-rules-fast.yml"), os.path.join(folder, "rules.yml"))
-        targets = ({"file_sd_configs": [{"files": [f"{sd_dir}/*.json"]}]} if sd_dir else
-                   {"static_configs": [{"targets": [f"127.0.0.1:{target}"]}]})
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "scrape_configs": [{"job_name": "rnnmon", "honor_labels": True, **targets}],
-                  "rule_files": ["rules.yml"]}
+    def __init__(self, folder: str, target: int | None = None, sd_dir: str | None = None,
+                 config: dict | None = None) -> None:
+        if config is None:
+            shutil.copy(os.path.join(ROOT, "docs", "prometheus-rules-fast.yml"), os.path.join(folder, "rules.yml"))
+            targets = ({"file_sd_configs": [{"files": [f"{sd_dir}/*.json"]}]} if sd_dir else
+                       {"static_configs": [{"targets": [f"127.0.0.1:{target}"]}]})
+            config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                      "scrape_configs": [{"job_name": "rnnmon", "honor_labels": True, **targets}],
+                      "rule_files": ["rules.yml"]}
         with open(os.path.join(folder, "prometheus.yml"), "w", encoding="utf-8") as file:
             json.dump(config, file)  # JSON is YAML
         self.url = f"http://127.0.0.1:{free_port()}"
@@ -107,8 +111,8 @@ class Prometheus:
 def prometheus(tmp_path) -> Iterator:
     started: list[Prometheus] = []
 
-    def start(port: int | None = None, sd_dir: str | None = None) -> Prometheus:
-        server = Prometheus(str(tmp_path), port, sd_dir)
+    def start(port: int | None = None, sd_dir: str | None = None, config: dict | None = None) -> Prometheus:
+        server = Prometheus(str(tmp_path), port, sd_dir, config)
         started.append(server)
         return server
 
@@ -119,17 +123,20 @@ def prometheus(tmp_path) -> Iterator:
 
 
 class AlertWatch:
-    """Polls Prometheus's ALERTS for `job` on a thread while a fit runs: every alert seen firing."""
+    """Polls Prometheus's ALERTS for `job` on a thread while a fit runs: every alert seen firing, and when first."""
 
     def __init__(self, server: Prometheus, job: str) -> None:
-        self.server, self.job, self.seen = server, job, set()
+        self.server, self.job, self.seen, self.first_seen = server, job, set(), {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(0.3):
-            self.seen |= self.server.firing(self.job)
+            firing = self.server.firing(self.job)
+            for name in firing - self.seen:
+                self.first_seen[name] = time.monotonic()
+            self.seen |= firing
 
     def stop(self) -> set[str]:
         self._stop.set()
@@ -253,3 +260,51 @@ def test_no_target_outlives_its_process(tmp_path, prometheus):
         for child in children:
             child.kill()
             child.wait()
+
+
+def docs_config(folder: str, target: int) -> dict:
+    """The first scrape configuration of docs/prometheus.md as a reader copies it, the rules file saved beside it
+    under the name it gives; only the targets are this test's."""
+    with open(os.path.join(ROOT, "docs", "prometheus.md"), encoding="utf-8") as page:
+        section = page.read().split("## Scrape configuration", 1)[1]
+    config = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    [job] = config["scrape_configs"]
+    assert job["static_configs"][0]["targets"][0].startswith("trainer-")
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{target}"]}]
+    shutil.copy(os.path.join(ROOT, "docs", "prometheus-rules.yml"), os.path.join(folder, *config["rule_files"]))
+    return config
+
+
+class StopOnce(keras.callbacks.Callback):
+    """Ends the fit a few steps after `condition()` holds."""
+
+    def __init__(self, condition) -> None:
+        super().__init__()
+        self.condition = condition
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch % 20 == 0 and self.condition():
+            self.model.stop_training = True
+
+
+def test_the_docs_config_as_copied_pages_in_time_and_stops_within_30s_of_the_fit(tmp_path, prometheus):
+    """rnnmon judges GPU memory over 2 s here (its default is 30 s): Prometheus, configured as docs/prometheus.md
+    says, pages within a scrape, an evaluation and a flush of that, and stops within 30 s of the fit's end."""
+    fired: dict[str, float] = {}
+    full = FakeGpu(memory_used_mib=143000, pids=[os.getpid()])  # 99.5% of 143771 MiB
+    with installed(FakeNvmlLib([full])):
+        monitor = UtilizationMonitor(
+            str(tmp_path / "run"), prometheus_port=0, prometheus_job="copied", sample_interval_s=0.1,
+            thresholds={"gpu_memory_high": {"for_s": 2}},
+            on_alert=lambda event: fired.setdefault(event.rule, time.monotonic()))
+        server = prometheus(config=docs_config(str(tmp_path), monitor.prometheus_port))
+        watch = AlertWatch(server, "copied")
+        tiny_model().fit(stalled_dataset(6000, 0.01), epochs=1, verbose=0,
+                         callbacks=[monitor, StopOnce(lambda: "RnnmonGpuMemoryHigh" in watch.seen)])
+        ended = time.monotonic()
+    server.wait(lambda: not server.firing("copied"), 45, "the alerts to stop")
+    stopped_after = time.monotonic() - ended
+    watch.stop()
+    paged_after = watch.first_seen["RnnmonGpuMemoryHigh"] - fired["gpu_memory_high"]
+    assert paged_after < 15 + 10 + 2 + 1, paged_after  # a scrape, an evaluation, a flush, a poll of ALERTS
+    assert stopped_after < 30, stopped_after
