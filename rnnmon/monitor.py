@@ -251,6 +251,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._scope = scope
         if self.worker is None and keras.backend.backend() == "jax":  # the fit has started JAX's runtime
             self.worker = jax_worker_name()
+            if self.worker is not None and self._exporter is not None:  # its series were worker="0" so far
+                self._exporter = prometheus.relabel(self, self._exporter, worker=self.worker)
         fit = scope.call()
         self._trial = tuner_trial(fit.callbacks.callbacks) if fit is not None else None
         self.run_dir = self._run_dir(self._trial)

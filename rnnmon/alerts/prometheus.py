@@ -8,7 +8,8 @@ Lifecycle: `attach(owner, ...)` opens the endpoint (or joins the one open on tha
 one) and hands the owner the exporter of its `job`/`worker` labels there, shared by every owner with those
 labels, so consecutive fits add to one set of counters. An exporter is served while an owner holding it exists;
 when the last owner is garbage-collected its series leave the endpoint, and when no exporter is left the endpoint
-closes (socket, thread, file_sd file).
+closes (socket, thread, file_sd file). `relabel` moves an owner to another `worker` label (a JAX process learns
+its index when its fit starts).
 Between fits `rnnmon_training` is 0, so rules gated on it are silent on a process that no longer trains; from a
 fit's start until its warm-up step (tracing, compiling) is recorded `rnnmon_warmup` is 1, and the GPU's busy and
 sampled seconds leave the warm-up out, as rnnmon's own rules do (rnnmon.alerts.rules).
@@ -43,10 +44,11 @@ from rnnmon.format import schema
 
 LOG = logging.getLogger("rnnmon")
 RULES = tuple(f.name for f in dataclasses.fields(Thresholds))
-# Step time: 20 log-spaced buckets a decade from 0.1 ms to 100 s, so histogram_quantile's linear interpolation
-# inside a bucket (12% wide) reads the median and p90 within a few percent (docs/prometheus.md: the cost).
+# Step time and input wait: 20 log-spaced buckets a decade from 0.1 ms to 100 s, so histogram_quantile's linear
+# interpolation inside a bucket (12% wide) reads the medians the report uses (the straggler rule's) within a few
+# percent (docs/prometheus.md: the cost). The host gap's rules use only its sum.
 _STEP_BUCKETS_S = tuple(float(f"{b:.4g}") for b in np.logspace(-4, 2, 6 * 20 + 1))
-_WAIT_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)
+_GAP_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)
 # Where launchers say which process of the host this is: torchrun, Slurm, Open MPI, MPICH/Intel MPI.
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 
@@ -122,9 +124,9 @@ class PrometheusExporter:
         r = self.registry
         self._step = _Histogram("rnnmon_step_seconds", "Step time (begin to end of one recorded step)",
                                 _STEP_BUCKETS_S)
-        self._wait = _Histogram("rnnmon_input_wait_seconds", "Time a step waited for its batch", _WAIT_BUCKETS_S)
+        self._wait = _Histogram("rnnmon_input_wait_seconds", "Time a step waited for its batch", _STEP_BUCKETS_S)
         self._gap = _Histogram("rnnmon_host_gap_seconds", "Host time between one step's end and the next's begin",
-                               _WAIT_BUCKETS_S)
+                               _GAP_BUCKETS_S)
         r.register(_Histograms([self._step, self._wait, self._gap], [job, worker]))
         self._training = Gauge("rnnmon_training", "1 while a fit of this job and worker runs, 0 between fits",
                                names, registry=r).labels(**self.labels)
@@ -261,6 +263,7 @@ class _Endpoint:
         from prometheus_client import CollectorRegistry, start_http_server
 
         self.exporters: dict[tuple[str, str], list[Any]] = {}
+        self.holds: dict[tuple[int, tuple[str, str]], weakref.finalize] = {}  # (id(owner), key) → its release
         registry = CollectorRegistry(auto_describe=True)
         registry.register(self)
         self.server, self.thread = start_http_server(port, addr=addr, registry=registry)
@@ -285,12 +288,13 @@ class _Endpoint:
         key = (exporter.labels["job"], exporter.labels["worker"])
         held = self.exporters.setdefault(key, [exporter, 0])
         held[1] += 1
-        weakref.finalize(owner, self.release, key)
+        self.holds[(id(owner), key)] = weakref.finalize(owner, self.release, key, id(owner))
         return held[0]
 
-    def release(self, key: tuple[str, str]) -> None:
+    def release(self, key: tuple[str, str], owner_id: int) -> None:
         """An owner is gone: drop its exporter when no owner holds it, and close when none is left."""
         with _LOCK:
+            self.holds.pop((owner_id, key), None)
             held = self.exporters[key]
             held[1] -= 1
             if held[1] > 0:
@@ -348,6 +352,20 @@ def share(owner: object, exporter: PrometheusExporter) -> None:
         for endpoint in _ENDPOINTS:
             if endpoint.exporters.get(key, [None])[0] is exporter:
                 endpoint.hold(owner, exporter)
+
+
+def relabel(owner: object, exporter: PrometheusExporter, *, worker: str) -> PrometheusExporter:
+    """The exporter of `exporter`'s job and `worker` on its endpoint, held by `owner` in place of `exporter` (whose
+    series leave the endpoint once no owner holds them): a JAX process learns its index only when a fit starts."""
+    old = (exporter.labels["job"], exporter.labels["worker"])
+    with _LOCK:
+        for endpoint in _ENDPOINTS:
+            release = endpoint.holds.get((id(owner), old))
+            if release is not None:
+                relabelled = endpoint.hold(owner, PrometheusExporter(job=old[0], worker=worker))
+                release()
+                return relabelled
+    return exporter
 
 
 def _write_sd_file(sd_dir: str, addr: str, port: int, job: str) -> str | None:

@@ -141,3 +141,19 @@ def test_a_new_endpoint_removes_the_targets_of_dead_processes_of_its_machine_onl
         monitor = UtilizationMonitor(str(tmp_path / "run"), prometheus_port=free_port(), prometheus_sd_dir=str(sd_dir))
     assert sorted(os.listdir(sd_dir)) == sorted(["elsewhere.json", "live.json", "by-hand.json",
                                                  f"127.0.0.1-{monitor.prometheus_port}.json"])
+
+
+def test_relabelling_moves_an_owners_series_to_its_worker_name_and_still_closes_with_it():
+    from rnnmon.alerts import prometheus
+
+    class Owner:  # a monitor, as far as the endpoint is concerned
+        pass
+
+    owner = Owner()
+    exporter, port = prometheus.attach(owner, port=0, job="jaxlike")
+    prometheus.relabel(owner, exporter, worker="worker-1")  # as on_train_begin does once JAX names the process
+    assert {s.labels["worker"] for s in scrape(port)["rnnmon_training"] if s.labels["job"] == "jaxlike"} == {
+        "worker-1"}
+    del owner, exporter
+    gc.collect()
+    assert wait_for(lambda: refused(port))  # the relabelled hold goes with its owner

@@ -8,6 +8,7 @@ fit, and each test takes well under a minute. Without the binary the tests skip.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -73,8 +74,9 @@ class Prometheus:
             assert self.process.poll() is None, self.logged()
             return False
 
-    def query(self, expr: str) -> list[tuple[dict, float]]:
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    def query(self, expr: str, at: float | None = None) -> list[tuple[dict, float]]:
+        """The instant vector of `expr`, now or at the Unix time `at`."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr, **({"time": at} if at else {})})
         with urllib.request.urlopen(url, timeout=5) as answer:
             body = json.load(answer)
         assert body["status"] == "success", body
@@ -308,3 +310,89 @@ def test_the_docs_config_as_copied_pages_in_time_and_stops_within_30s_of_the_fit
     paged_after = watch.first_seen["RnnmonGpuMemoryHigh"] - fired["gpu_memory_high"]
     assert paged_after < 15 + 10 + 2 + 1, paged_after  # a scrape, an evaluation, a flush, a poll of ALERTS
     assert stopped_after < 30, stopped_after
+
+
+JAX_PROCESS = """
+import sys, time
+import jax, keras, numpy as np
+import rnnmon
+
+log_dir, sd_dir, index, port, stall_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+monitor = rnnmon.UtilizationMonitor(log_dir, audit=False, flush_secs=0.5, prometheus_port=0,
+                                    prometheus_job="jaxjob", prometheus_sd_dir=sd_dir)
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=index)  # the index, set in code
+keras.distribution.set_distribution(keras.distribution.DataParallel(auto_shard_dataset=False))
+
+class Batches(keras.utils.PyDataset):  # this process's shard; process 1 stalls on each batch
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, i):
+        time.sleep(stall_s)
+        rng = np.random.default_rng(i)
+        return rng.normal(size=(32, 16, 8)).astype("float32"), rng.normal(size=(32, 1)).astype("float32")
+
+class DeviceTime(keras.layers.Layer):  # ~50 ms a step inside the compiled step, as a device computes
+    def call(self, x):
+        def device():
+            time.sleep(0.05)
+            return np.float32(0)
+        return x + jax.lax.stop_gradient(jax.pure_callback(device, jax.ShapeDtypeStruct((), np.float32)))
+
+    def compute_output_shape(self, shape):
+        return shape
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1), DeviceTime()])
+model.compile(optimizer="adam", loss="mse")
+model.fit(Batches(), epochs=1, verbose=0, callbacks=[monitor])
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_the_straggler_rule_reads_the_reports_share_on_a_real_2_process_jax_job(tmp_path, prometheus):
+    """Two JAX processes (gloo on CPU) that set their index in code, one stalling 12 ms a batch on a ~90 ms step,
+    scraped through file_sd: the fast profile's rule names worker-1 with the report's share, within 20%."""
+    from rnnmon.analysis.stragglers import compare_workers
+    from rnnmon.analysis.summary import summarize
+    from rnnmon.format.reader import read_logdir
+
+    sd_dir, logs = tmp_path / "sd", tmp_path / "logs"
+    sd_dir.mkdir()
+    server = prometheus(sd_dir=str(sd_dir))
+    with open(os.path.join(ROOT, "docs", "prometheus-rules-fast.yml"), encoding="utf-8") as file:
+        rule = next(r for group in yaml.safe_load(file)["groups"] for r in group["rules"]
+                    if r["alert"] == "RnnmonStraggler")
+    share_expr = rule["expr"].split(">= 0.05")[0]  # the rule's share, ungated and unthresholded
+    assert share_expr.count("[30s]") == 10
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    port = free_port()
+    processes = [subprocess.Popen([sys.executable, "-c", JAX_PROCESS, str(logs), str(sd_dir), str(i), str(port),
+                                   str(stall)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True) for i, stall in ((0, 0.0), (1, 0.012))]
+    training: list[float] = []  # when both processes were seen training
+    paged: set[str] = set()
+    try:
+        while any(p.poll() is None for p in processes):
+            if len(server.query('rnnmon_training{job="jaxjob"} == 1')) == 2:
+                training.append(time.time())
+            paged |= {m["worker"] for m, _ in server.query(
+                'ALERTS{alertname="RnnmonStraggler", alertstate="firing", job="jaxjob"}')}
+            time.sleep(0.5)
+        errors = [p.communicate(timeout=30)[1] for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    assert [p.returncode for p in processes] == [0, 0], [e[-2000:] for e in errors]
+    (group,) = compare_workers([summarize(run) for run in read_logdir(str(logs)).values()])
+    by_name = {w["worker"]: w for w in group["workers"]}
+    report = sum(by_name["worker-1"][k] - by_name["worker-0"][k] for k in ("input_wait_ms", "host_gap_ms")) \
+        / by_name["worker-0"]["step_ms"]
+    assert group["findings"][0]["where"] == "worker-1", group
+    # The rule's expression over the whole fit, as the report reads it (over its last 30 s the load differs).
+    whole_fit = share_expr.replace("[30s]", f"[{round(training[-1] - training[0]) + 5}s]")
+    rule_share = {m["worker"]: v for m, v in server.query(whole_fit, at=training[-1])}
+    assert rule_share["worker-1"] == pytest.approx(report, rel=0.2), (rule_share, report, by_name)
+    assert paged == {"worker-1"}, paged  # the page names the process that stalls
