@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -353,6 +354,64 @@ def test_a_jobs_workers_sort_on_a_header_click_and_show_a_worker_by_time_view(ta
     assert all(t["rows"] == FLEET and t["y"] == answer["heatmap"]["workers"] and t["columns"] == 60 for t in drawn)
     assert frame.evaluate(f"() => {heat}.querySelectorAll('.hm, image').length") > 0  # plotly drew the cells
     _screenshot(page, "tab_workers_sweep.png")
+    assert not problems
+
+
+def _job_of(workers: int, straggler: int, columns: int = 60) -> dict:
+    """A /workers answer for a synchronous job of `workers`: every step 19.945 ms within a few microseconds (the
+    workers wait for each other), `straggler` waiting for input 30% of its step, the others 1%."""
+    rng = random.Random(5)
+    names = [f"worker-{index}" for index in range(workers)]
+    noise = [[round(19.945 + rng.uniform(-0.003, 0.003), 3) for _ in range(columns)] for _ in names]
+    return {"job": "fleet", "straggler": names[straggler], "left_out": [],
+            "findings": [{"code": "STRAGGLER", "where": names[straggler], "message": "it waits for input."}],
+            "workers": [{"worker": name, "step_ms": round(sum(row) / columns, 3), "input_wait_ms": 0.2,
+                         "host_gap_fraction": 0.01, "gpu_idle_fraction": None} for name, row in zip(names, noise)],
+            "heatmap": {"workers": names, "start": 0.0, "bin_s": 1.0, "columns": columns, "step_ms": noise,
+                        "wait_share": [[0.3 if i == straggler else 0.01] * columns for i in range(workers)]}}
+
+
+def test_the_worker_by_time_view_names_the_straggler_among_256_and_colours_only_what_matters(tab):
+    # The step colours spanned 19.942-19.948 ms (noise filled the panel), the 1.5 px rows had no names (the
+    # straggler was a thin line found by hovering), and the left colour bar's "ms" sat against the right panel.
+    page, frame, problems, _ = tab
+    frame.evaluate("""async (group) => {
+        const url = performance.getEntriesByType("resource").map((e) => e.name).find((n) => n.endsWith("/workers.js"));
+        const {drawWorkers} = await import(url);
+        const section = document.createElement("section");
+        section.id = "rm-fleet-check";
+        document.body.append(section);
+        drawWorkers(section, group);
+    }""", _job_of(256, straggler=200))
+    heat = "document.querySelector('#rm-fleet-check .rm-workers-heatmap')"
+    frame.wait_for_function(f"() => {heat} && {heat}.querySelectorAll('.hm, image').length > 0", timeout=10_000)
+    frame.evaluate(f"() => {heat}.scrollIntoView()")
+    drawn = frame.evaluate(f"""() => {{
+        const node = {heat}, box = node.getBoundingClientRect(), [step] = node._fullData;
+        const rect = (el) => {{ const r = el.getBoundingClientRect(); return {{top: r.top - box.top,
+            bottom: r.bottom - box.top, left: r.left - box.left, right: r.right - box.left}}; }};
+        return {{zmin: step.zmin, zmax: step.zmax,
+            largest: Math.max(...step.z.flat().map(Math.abs)),
+            names: [...node.querySelectorAll('.ytick text')].map((t) => t.textContent),
+            label: [...node.querySelectorAll('.ytick text')].map(rect),
+            outlines: [...node.querySelectorAll('.shapelayer path')].map((p) => ({{...rect(p),
+                stroke: p.style.stroke, width: p.style.strokeWidth}})),
+            colorbar: [...node.querySelectorAll('.colorbar')].map(rect)[0],
+            right_panel: node._fullLayout.xaxis2._offset}};
+    }}""")
+    assert (drawn["zmin"], drawn["zmax"]) == (-0.05, 0.05), drawn  # 5% either side of the job's median step
+    assert drawn["largest"] < 0.0005, drawn["largest"]  # 3 us of 19.9 ms: the middle of the scale, white
+    assert drawn["names"] == ["worker-200"], drawn["names"]  # the one row named among 256
+    assert len(drawn["outlines"]) == 2 and all(o["stroke"] == "rgb(214, 39, 40)" and o["width"] == "2px"
+                                               for o in drawn["outlines"]), drawn["outlines"]
+    (label,) = drawn["label"]
+    for outline in drawn["outlines"]:  # outlined at the named row's height, on both panels
+        assert 1.5 < outline["bottom"] - outline["top"] < 6, outline
+        assert abs((outline["top"] + outline["bottom"]) / 2 - (label["top"] + label["bottom"]) / 2) < 3, (outline,
+                                                                                                            label)
+    assert drawn["colorbar"]["right"] < drawn["right_panel"], drawn  # the left colour bar clear of the right panel
+    page.locator("iframe").scroll_into_view_if_needed()
+    _screenshot(page, "tab_workers_256.png")
     assert not problems
 
 

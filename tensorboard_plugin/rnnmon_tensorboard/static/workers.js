@@ -1,7 +1,8 @@
 // The workers of a multi-worker job (GET /workers): a table in /workers' order (the straggler first, then the
 // longest stall per step) until a header click sorts it by that column (a second click reverses it), its first
-// TOP_N rows until "Show all", the workers left out with the reason, and a worker x time view: mean step time and
-// input wait share per time bin, a row per worker. Worker names reach the DOM only through textContent and plotly
+// TOP_N rows until "Show all", the workers left out with the reason, and a worker x time view: mean step time
+// against the job's median step, and input wait share, per time bin, a row per worker; the straggler's row is
+// outlined and named however many rows there are. Worker names reach the DOM only through textContent and plotly
 // only through `plotlyText`.
 //
 // Example:
@@ -10,6 +11,10 @@
 import {el, fixed, pct, plotlyText} from "./dom.js";
 
 const TOP_N = 10;
+// The step colours span at least this far either side of the job's median step: the report's STRAGGLER share
+// (rnnmon/analysis/stragglers.py EXCESS_SHARE), so microseconds of noise stay white.
+const MIN_SPREAD = 0.05;
+const STRAGGLER_RED = "#d62728";
 const ms = (value) => (value === null || value === undefined ? "n/a" : `${fixed(value, 2)} ms`);
 const COLUMNS = [
   {key: "worker", title: "Worker", text: (row) => row.worker},
@@ -68,7 +73,16 @@ export function drawWorkers(section, group) {
   heat.id = "rm-workers-heatmap";
   parts.push(heat);
   section.replaceChildren(...parts);
-  drawHeatmap(heat, group.heatmap, group.straggler);
+  drawHeatmap(heat, group.heatmap, group.straggler, median(group.workers.map((row) => row.step_ms)));
+}
+
+// The middle of the values that are numbers (the job's median step: the middle of its workers' medians); null
+// without any.
+function median(values) {
+  const known = values.filter((value) => typeof value === "number").sort((a, b) => a - b);
+  if (!known.length) return null;
+  const middle = known.length >> 1;
+  return known.length % 2 ? known[middle] : (known[middle - 1] + known[middle]) / 2;
 }
 
 // Draws the last group again (after a header click, "Show all", or plotly's arrival for the heatmap).
@@ -114,35 +128,48 @@ function compareWorkers(a, b) {
   return kindA < kindB ? -1 : kindA > kindB ? 1 : indexA - indexB;
 }
 
-// Two heatmaps side by side, a row per worker (worker-0 on top), time bins across: mean step in ms per batch, and
-// the input wait's share of step time.
-function drawHeatmap(node, heatmap, straggler) {
-  if (!window.Plotly || !heatmap) {
+// Two heatmaps side by side, a row per worker (worker-0 on top), time bins across: the mean step per batch against
+// the job's median step (white at the median, red slower, blue faster, over at least MIN_SPREAD either side), and
+// the input wait's share of step time. The straggler's row is outlined across both and is the one row named when
+// there are too many rows to name them all.
+function drawHeatmap(node, heatmap, straggler, jobStepMs) {
+  if (!window.Plotly || !heatmap || !jobStepMs) {
     node.hidden = true;
     return;
   }
   const y = heatmap.workers.map(plotlyText);
   const x = Array.from({length: heatmap.columns}, (_, i) => Number(((i + 0.5) * heatmap.bin_s).toFixed(2)));
+  const relative = heatmap.step_ms.map((row) => row.map((value) => (value === null ? null : value / jobStepMs - 1)));
+  const spread = Math.min(1, relative.flat().reduce((most, value) => Math.max(most, Math.abs(value ?? 0)),
+    MIN_SPREAD));
   const common = {type: "heatmap", x, y, hoverongaps: false, colorbar: {thickness: 10, len: 0.9}};
   const data = [
-    {...common, z: heatmap.step_ms, colorscale: "Viridis", name: "step ms", xaxis: "x", yaxis: "y",
-      colorbar: {...common.colorbar, x: 0.455, title: {text: "ms", side: "right"}},
-      hovertemplate: "%{y} · %{x:.0f} s<br>step %{z:.2f} ms<extra></extra>"},
+    {...common, z: relative, customdata: heatmap.step_ms, zmin: -spread, zmax: spread,
+      colorscale: [[0, "#2166ac"], [0.5, "#f7f7f7"], [1, "#b2182b"]], name: "step vs the job's median",
+      xaxis: "x", yaxis: "y", colorbar: {...common.colorbar, x: 0.43, tickformat: "+.0%"},
+      hovertemplate: "%{y} · %{x:.0f} s<br>step %{customdata:.2f} ms, %{z:+.1%} against the job's median" +
+        "<extra></extra>"},
     {...common, z: heatmap.wait_share, colorscale: "YlOrRd", reversescale: true, zmin: 0, zmax: 1,
       name: "input wait share", xaxis: "x2", yaxis: "y2", colorbar: {...common.colorbar, x: 1.0, tickformat: ".0%"},
       hovertemplate: "%{y} · %{x:.0f} s<br>input wait %{z:.1%}<extra></extra>"},
   ];
-  const many = y.length > 32; // then no label per row: hover names the worker
-  const yaxis = {autorange: "reversed", type: "category", showticklabels: !many, tickfont: {size: 10}};
+  const row = straggler ? heatmap.workers.indexOf(straggler) : -1;
+  const many = y.length > 32; // then only the straggler's row is named; hover names the others
+  const named = many ? {tickmode: "array", tickvals: row >= 0 ? [y[row]] : [], ticktext: row >= 0 ? [y[row]] : []}
+    : {};
+  const tickfont = many && row >= 0 ? {size: 11, color: STRAGGLER_RED} : {size: 10};
+  const yaxis = {autorange: "reversed", type: "category", tickfont, ...named};
   const layout = {
-    height: Math.max(200, Math.min(440, 110 + 10 * y.length)), margin: {l: many ? 20 : 80, r: 50, t: 30, b: 40},
-    xaxis: {domain: [0, 0.42], title: {text: "s since the job's first step"}},
-    xaxis2: {domain: [0.53, 0.965], title: {text: "s since the job's first step"}},
+    height: Math.max(200, Math.min(640, 110 + 10 * y.length)), margin: {l: 80, r: 50, t: 30, b: 40},
+    xaxis: {domain: [0, 0.4], title: {text: "s since the job's first step"}},
+    xaxis2: {domain: [0.54, 0.965], title: {text: "s since the job's first step"}},
     yaxis, yaxis2: {...yaxis, anchor: "x2", showticklabels: false},
+    shapes: row < 0 ? [] : [[0, 0.4], [0.54, 0.965]].map(([x0, x1]) => ({type: "rect", xref: "paper", yref: "y",
+      x0, x1, y0: row - 0.5, y1: row + 0.5, line: {color: STRAGGLER_RED, width: 2}})),
     annotations: [
-      {text: "Mean step (ms per batch)", xref: "paper", yref: "paper", x: 0, y: 1.02, xanchor: "left",
-        yanchor: "bottom", showarrow: false},
-      {text: "Input wait share of the step", xref: "paper", yref: "paper", x: 0.53, y: 1.02, xanchor: "left",
+      {text: `Mean step against the job's median (${jobStepMs.toFixed(2)} ms)`, xref: "paper", yref: "paper", x: 0,
+        y: 1.02, xanchor: "left", yanchor: "bottom", showarrow: false},
+      {text: "Input wait share of the step", xref: "paper", yref: "paper", x: 0.54, y: 1.02, xanchor: "left",
         yanchor: "bottom", showarrow: false},
     ],
   };
