@@ -384,8 +384,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         batches = self._batches or self._per_execution
         gap = self._begin - self._last_end
         shapes = self._shapes
-        new_shapes = shapes is not None and shapes != self._last_shapes and shapes not in self._seen_shapes
-        compiles, compile_s = self._compile_watch.take(self._begin, end, new_shapes)
+        compiles, compile_s = self._compile_watch.take(self._begin, end, shapes)
         if self._warming_up:  # tracing and iterator creation: neither input wait nor host overhead
             self._warming_up = False
             self._recorder.add_phase("warmup", self._fit_begin, end)

@@ -26,10 +26,10 @@ JAX_STEPS = textwrap.dedent("""
     for batch in batches:  # a new length compiles, a length seen does not
         begin = time.perf_counter()
         step(batch).block_until_ready()
-        timings.append(watch.take(begin, time.perf_counter(), new_shapes=False))
+        timings.append(watch.take(begin, time.perf_counter(), shapes=None))
     jax.jit(lambda x: x * 2)(batches[0])  # a compile between steps belongs to no step
     now = time.perf_counter()
-    between = watch.take(now, now, new_shapes=False)
+    between = watch.take(now, now, shapes=None)
     watch.close()
     jax.jit(lambda x: x * 3)(batches[0])  # closed: no longer fed
     print(json.dumps({"counts": [count for count, _ in timings], "seconds": [None if math.isnan(s) else s
@@ -51,4 +51,4 @@ def test_jax_compile_events_are_counted_and_timed_inside_the_step_they_happen_in
 
 def test_a_backend_without_a_signal_compiles_nothing():
     watch = CompileWatch.for_model(object(), "torch")  # eager torch (no jit_compile): any shape as it comes
-    assert watch.source == "" and watch.take(0.0, 1.0, new_shapes=True)[0] == 0
+    assert watch.source == "" and watch.take(0.0, 1.0, shapes=((2, 3),))[0] == 0

@@ -142,3 +142,31 @@ def test_torch_compile_counts_its_own_graphs(tmp_path):
     assert record["step"] == 2 and record["source"] == "torch.compile" and record["count"] >= 1, record
     summary = summarize(run)
     assert summary["slow_step_count"]["recompile"] == 1 and summary["time_s"]["recompiles"] > 0.5
+
+
+def test_a_second_fit_on_programs_xla_already_compiled_compiles_nothing(tmp_path):
+    """`fit(epochs=1)` in a loop (as keras-io's examples do): XLA keeps its programs with Keras's train function."""
+    script = textwrap.dedent(f"""
+        import numpy as np, keras, rnnmon
+        rng = np.random.default_rng(0)
+        batches = [rng.normal(size=(8, length, 4)).astype("float32") for length in (5, 9, 13, 5, 9, 13)]
+
+        class Batches(keras.utils.PyDataset):
+            def __len__(self):
+                return len(batches)
+
+            def __getitem__(self, index):
+                return batches[index], np.zeros((8, 1), "float32")
+
+        model = keras.Sequential([keras.Input((None, 4)), keras.layers.LSTM(4), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse", jit_compile=True)
+        monitor = rnnmon.UtilizationMonitor({str(tmp_path)!r}, audit=False)
+        for _ in range(2):
+            model.fit(Batches(), epochs=1, verbose=0, callbacks=[monitor])
+    """)
+    result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "KERAS_BACKEND": "tensorflow"},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = read_run(str(tmp_path))
+    steps = [record["step"] for record in run.compiles]
+    assert len(steps) == 2 and max(steps) <= 6, run.compiles  # the first fit's lengths 9 and 13, once each
