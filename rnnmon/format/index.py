@@ -57,6 +57,7 @@ BLOCK = 64  # rows per level-0 record
 FAN = 16  # level-k records per level-k+1 record
 HEAD_STEP_BYTES = 64 << 10  # a file's head is read this much at a time, until what is looked for is found
 SCAN_BYTES = 1 << 20  # event bytes indexed in memory at a time (a run without an index): ~4 MB of rows at once
+READ_BYTES = 1 << 20  # index file bytes read at a time
 DRAWN_TAGS = (schema.STEPS_TAG, schema.PHASES_TAG, schema.GAPS_TAG)  # and the util and stats tags of every GPU
 DOCUMENTS = "dir.docs"  # the events holding a document or phases (a summary reads them; `FileIndex` does not)
 _SM = schema.STAT_COLUMNS.index("sm_activity_pct")
@@ -482,6 +483,8 @@ class FileIndex:
                     self._open_disk()
                 except IndexMismatch as error:
                     self._distrust(str(error))
+                except Exception as error:  # any other failure of the index: the data wins, with a note
+                    self._distrust(f"{type(error).__name__}: {error}")
         self._scan_rest()
 
     def _version(self) -> tuple[tuple[str, int], ...]:
@@ -642,6 +645,36 @@ _INDEX_FILE = re.compile(r"dir\.(steps|util\d+|sm\d+|gaps\.d-?\d+\.c\d+|phases\.
                          r"|(steps|util\d+|sm\d+|gaps\.d-?\d+\.c\d+|phases\.k\d+)\.L\d+")
 
 
+MIN_EVENT_BYTES = 16  # an event's framing alone: a chunk directory names at most one record per this many bytes
+
+
+def read_directory(path: str, event_size: int) -> np.ndarray:
+    """Every whole record of the chunk directory (`dir.*`) at `path`, read as event files are read: a regular file
+    only, opened non-blocking, its size taken from the descriptor. IndexMismatch where it cannot be read, or names
+    more events than an event file of `event_size` bytes can hold (a huge sparse file is refused before any read);
+    FileNotFoundError where there is none."""
+    name = os.path.basename(path)
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise IndexMismatch(f"cannot read {name}: {error.strerror or error}") from None
+    try:
+        count = os.fstat(fd).st_size // DIRECTORY.itemsize
+        if count > event_size // MIN_EVENT_BYTES + 1:
+            raise IndexMismatch(f"{name} names {count} events, more than its event file of {event_size} bytes holds")
+        data = bytearray()
+        while len(data) < count * DIRECTORY.itemsize:
+            piece = os.pread(fd, min(READ_BYTES, count * DIRECTORY.itemsize - len(data)), len(data))
+            if not piece:
+                break  # cut while read: its whole records so far
+            data += piece
+    finally:
+        os.close(fd)
+    return np.frombuffer(bytes(data), dtype=DIRECTORY, count=len(data) // DIRECTORY.itemsize)
+
+
 def _mapped(path: str, dtype: np.dtype, count: int) -> np.ndarray:
     """The first `count` records of the index file at `path`, mapped read-only; a FIFO, a device or a file cut
     below them is a disagreement (IndexMismatch), never a hang."""
@@ -699,22 +732,23 @@ def stored_by(value: Any) -> Stored | None:
 
 
 def listed_documents(event_path: str, through: int) -> list[bytes] | None:
-    """The records of the events `dir.docs` lists before byte `through`, each checked (framing, both checksums);
-    None where the index has no `dir.docs` (written before it: scan the file instead); IndexMismatch where a listed
-    event is not whole."""
-    path = os.path.join(index_folder(event_path), DOCUMENTS)
-    if not os.path.isfile(path):
+    """The records of the events `dir.docs` lists before byte `through`, each checked (framing, both checksums,
+    each after the one before); None where the index has no `dir.docs` (written before it: scan the file instead);
+    IndexMismatch where `dir.docs` cannot be read or a listed event is not whole."""
+    try:
+        event_size = os.path.getsize(event_path)
+        entries = read_directory(os.path.join(index_folder(event_path), DOCUMENTS), event_size)
+    except FileNotFoundError:
         return None
-    with open(path, "rb") as file:
-        raw = file.read()
-    entries = np.frombuffer(raw, dtype=DIRECTORY, count=len(raw) // DIRECTORY.itemsize)
     if not intact(entries):
         raise IndexMismatch(f"{DOCUMENTS}: a record's checksum fails")
     entries = entries[entries["offset"] < through]
-    records = []
+    records, after = [], 0
     fd = open_regular(event_path)
     try:
         for offset, length in zip(entries["offset"].tolist(), entries["length"].tolist()):
+            if offset < after or offset + length > event_size:  # listed twice, overlapping, or past the file
+                raise IndexMismatch(f"no whole event at byte {offset}, where {DOCUMENTS} lists one")
             data = os.pread(fd, length, offset)
             size = length - 16
             if (len(data) != length or length < 16 or struct.unpack_from("<Q", data)[0] != size
@@ -722,6 +756,7 @@ def listed_documents(event_path: str, through: int) -> list[bytes] | None:
                     or struct.unpack_from("<I", data, 12 + size)[0] != masked_crc32c(data[12:12 + size])):
                 raise IndexMismatch(f"no whole event at byte {offset}, where {DOCUMENTS} lists one")
             records.append(data[12:12 + size])
+            after = offset + length
     finally:
         os.close(fd)
     return records
@@ -730,7 +765,8 @@ def listed_documents(event_path: str, through: int) -> list[bytes] | None:
 def listed_through(event_path: str) -> int:
     """The end of the last event the index of `event_path` names (0: none, or no index): every document event
     before it is in `dir.docs` (a flush writes `dir.*` before its other files, `dir.docs` first, whole records in
-    step order). IndexMismatch where a last record fails its checksum or names bytes past the event file's end."""
+    step order). IndexMismatch where a directory cannot be read, or its last record fails its checksum or names
+    bytes past the event file's end."""
     end = 0
     folder = index_folder(event_path)
     try:
@@ -738,18 +774,18 @@ def listed_through(event_path: str) -> int:
                  if name == DOCUMENTS or (name.startswith("dir.") and _INDEX_FILE.fullmatch(name))]
     except OSError:
         return 0
+    event_size = os.path.getsize(event_path)
     for name in names:
-        path = os.path.join(folder, name)
-        size = os.path.getsize(path) // DIRECTORY.itemsize * DIRECTORY.itemsize if os.path.isfile(path) else 0
-        if size:
-            with open(path, "rb") as file:
-                file.seek(size - DIRECTORY.itemsize)
-                last = np.frombuffer(file.read(DIRECTORY.itemsize), dtype=DIRECTORY)
-            if not intact(last):
-                raise IndexMismatch(f"{name}: a record's checksum fails")
+        try:
+            last = read_directory(os.path.join(folder, name), event_size)[-1:]
+        except FileNotFoundError:
+            continue
+        if not intact(last):
+            raise IndexMismatch(f"{name}: a record's checksum fails")
+        if len(last):
             end = max(end, int(last[0]["offset"]) + int(last[0]["length"]))
-    if end > os.path.getsize(event_path):
-        raise IndexMismatch(f"it names {end} bytes of events, the event file holds {os.path.getsize(event_path)}")
+    if end > event_size:
+        raise IndexMismatch(f"it names {end} bytes of events, the event file holds {event_size}")
     return end
 
 
