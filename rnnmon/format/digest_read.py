@@ -102,7 +102,7 @@ def _overlapping(paths: list[str]) -> bool:
             entries = read_directory(os.path.join(index_folder(path), "dir.steps"), os.path.getsize(path))
         except FileNotFoundError:
             continue
-        if len(entries):
+        if len(entries):  # (a run's dir.steps is small: one record per flush, 44 bytes)
             spans.append((float(entries[0]["t_first"]), float(entries[-1]["t_last"])))
     spans.sort()
     return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))

@@ -273,25 +273,33 @@ class IntervalPyramid(_Pyramid):
 
 # --- building: the writer's files, or memory --------------------------------------------------------------
 class IndexBuilder:
-    """Turns located chunks into index records, handed to `sink(name, records)`."""
+    """Turns located chunks into index records, handed to `sink(name, records)`; a series named in `since` takes
+    only the chunks of events from that byte on (a reader's disk index holds the ones before)."""
 
-    def __init__(self, sink: Any) -> None:
+    def __init__(self, sink: Any, since: dict[str, int] | None = None) -> None:
         self._sink = sink
         self.series: dict[str, PointPyramid | IntervalPyramid] = {}
+        self.since = since or {}
 
     def add(self, tag: str, rows: np.ndarray, step: int, offset: int, length: int) -> None:
         """One chunk of `tag` (float64 rows, v1 columns) in the event at `offset` (framed `length` bytes)."""
         self.add_many(tag, rows, [len(rows)], [step], [offset], [length])
 
     def add_many(self, tag: str, rows: np.ndarray, counts: list[int], steps: list[int], offsets: list[int],
-                 lengths: list[int]) -> None:
-        """Chunks of `tag`, in file order: `counts[i]` rows of `rows` from the event at `offsets[i]`."""
+                 lengths: list[int], at: list[int] | None = None) -> None:
+        """Chunks of `tag`, in file order: `counts[i]` rows of `rows` from the event at `offsets[i]` (`at[i]`: where
+        it lies, for `since`, where the offset recorded is not that)."""
         if not len(rows) or not drawn(tag):
             return
         chunk = np.repeat(np.arange(len(counts)), counts)
+        events = np.asarray(offsets if at is None else at)[chunk]
         for name, parts, used in _series_rows(tag, rows):
+            since = self.since.get(name, 0)
+            if since:
+                keep = events[used] >= since
+                parts, used = tuple(x[keep] for x in parts), used[keep]
             if name == "steps":  # the directory spans each fit's warm-up step too, as a run's extent does
-                used = np.arange(len(rows))
+                used = np.flatnonzero(events >= since)
             if not len(used):
                 continue
             ids = chunk[used]
@@ -510,41 +518,59 @@ class FileIndex:
         self.disk = Part()
         self._restart(0)
 
-    def _restart(self, offset: int) -> None:
+    def _restart(self, offset: int, since: dict[str, int] | None = None) -> None:
         self._cursor = RecordCursor(offset)
         self._sink = _MemorySink()
-        self._builder = IndexBuilder(self._sink)
+        self._builder = IndexBuilder(self._sink, since)
         self.memory = Part()
 
     def _open_disk(self) -> None:
         """Map the index files (whole records only), check them against the event file, read the rows after
-        each series' last level-0 record; the scan of the event file starts after the last chunk they name."""
+        each series' last level-0 record. Each series is read from the index as far as its chunk directory
+        reaches, and from the event file after that: the scan starts at the directory that reaches least (a
+        lagging file: an upload pass that failed midway); a series whose directory is lost is read from the event
+        file whole (its pyramid set aside, with a note)."""
         arrays: dict[str, np.ndarray] = {}
         for name, size in self._disk_version or ():
             count = size // dtype_of(name).itemsize
             if count:
                 arrays[name] = _mapped(os.path.join(self.folder, name), dtype_of(name), count)
-        end = 0
-        for name, array in arrays.items():
-            if not intact(array[-1:]) or not intact(array[:1]):
-                raise IndexMismatch(f"{name}: a record's checksum fails")
-            if name.startswith("dir."):
-                end = max(end, int(array[-1]["offset"]) + int(array[-1]["length"]))
         try:
             event_size = os.path.getsize(self.path)
         except OSError:
             event_size = 0
+        reach: dict[str, int] = {}
+        for name, array in arrays.items():
+            if not intact(array[-1:]) or not intact(array[:1]):
+                raise IndexMismatch(f"{name}: a record's checksum fails")
+            if name.startswith("dir."):
+                if len(array) > event_size // MIN_EVENT_BYTES + 1:
+                    raise IndexMismatch(f"{name} names more events than the event file holds")
+                reach[name[4:]] = int(array[-1]["offset"]) + int(array[-1]["length"])
+        end = max(reach.values(), default=0)
         if end > event_size:
             raise IndexMismatch(f"it names {end} bytes of events, the event file holds {event_size}")
+        lost = sorted({name.rsplit(".L", 1)[0] for name in arrays if not name.startswith("dir.")} - set(reach))
+        for series in lost:
+            self.notes.append(f"{os.path.basename(self.path)}: its reading index lacks {_dir_name(series)}; "
+                              f"{series} is read from the event file instead")
+            arrays = {name: array for name, array in arrays.items() if name.rsplit(".L", 1)[0] != series}
+        last_time = {}
         for name, array in arrays.items():  # the last chunk of each series is where the index says, as it says
             if name.startswith("dir."):
-                self._chunk(array[-1], _tag_of(name[4:]))
+                rows = self._chunk(array[-1], _tag_of(name[4:]))
+                times = [parts[0] for found, parts in series_of(_tag_of(name[4:]), rows) if found == name[4:]]
+                last_time[name[4:]] = float(times[0].max()) if times and len(times[0]) else -np.inf
+        for name in list(arrays):  # a pyramid ahead of its directory: only the records the directory covers
+            series = name.rsplit(".L", 1)[0]
+            if not name.startswith("dir.") and series in last_time:
+                arrays[name] = arrays[name][:_bisect(arrays[name], "t_last", last_time[series], "right")]
         part = Part(arrays, mapped=frozenset(arrays))
         for name in arrays:
             if name.startswith("dir."):
                 part.rest[name[4:]] = self._rest_of(part, name[4:])
         self.disk = part
-        self._restart(end)
+        self._restart(0 if lost else min(reach.values(), default=0), reach)
 
     def _rest_of(self, part: Part, series: str) -> tuple[np.ndarray, ...]:
         """The rows of `series` after its last level-0 record, read from the chunks its directory names."""
@@ -581,23 +607,22 @@ class FileIndex:
                 self._errors[f"{os.path.basename(self.path)}: truncated: the file ends inside the record at byte "
                              f"{scan.offset}"] = None
             position = start
-            staged: dict[str, list[tuple[int, int, int, Any]]] = {}
+            staged: dict[str, list[tuple[int, int, int, int, Any]]] = {}
             for record in scan.records:
                 length = len(record) + 16
                 where = (position, length) if scan.problem is None else (0, 0)  # not located: never read back
-                position += length
                 event = marked_event(record, _MARKS)
-                if event is None:
-                    continue
-                for value in event.summary.value:
-                    if drawn(value.tag):
-                        self._learn(value)
-                        staged.setdefault(value.tag, []).append((event.step, *where, value.tensor))
+                if event is not None:
+                    for value in event.summary.value:
+                        if drawn(value.tag):
+                            self._learn(value)
+                            staged.setdefault(value.tag, []).append((event.step, *where, position, value.tensor))
+                position += length
             for tag, chunks in staged.items():
                 tensors = [tensor for *_, tensor in chunks]
                 rows, counts, kept, failed = decode_chunks(tag, tensors, self._stored.get(tag))
                 self._errors.update(dict.fromkeys(f"{tag} at step {chunks[i][0]}: {error}" for i, error in failed))
-                self._builder.add_many(tag, rows, counts, *([chunks[i][n] for i in kept] for n in range(3)))
+                self._builder.add_many(tag, rows, counts, *([chunks[i][n] for i in kept] for n in range(4)))
                 grew = True
         if grew:
             self.memory = Part(self._sink.arrays(), {
@@ -648,11 +673,11 @@ _INDEX_FILE = re.compile(r"dir\.(steps|util\d+|sm\d+|gaps\.d-?\d+\.c\d+|phases\.
 MIN_EVENT_BYTES = 16  # an event's framing alone: a chunk directory names at most one record per this many bytes
 
 
-def read_directory(path: str, event_size: int) -> np.ndarray:
-    """Every whole record of the chunk directory (`dir.*`) at `path`, read as event files are read: a regular file
-    only, opened non-blocking, its size taken from the descriptor. IndexMismatch where it cannot be read, or names
-    more events than an event file of `event_size` bytes can hold (a huge sparse file is refused before any read);
-    FileNotFoundError where there is none."""
+def read_directory(path: str, event_size: int, last: bool = False) -> np.ndarray:
+    """Every whole record of the chunk directory (`dir.*`) at `path` (with `last`, the last one only), read as
+    event files are read: a regular file only, opened non-blocking, its size taken from the descriptor.
+    IndexMismatch where it cannot be read, or names more events than an event file of `event_size` bytes can hold
+    (a huge sparse file is refused before any read); FileNotFoundError where there is none."""
     name = os.path.basename(path)
     try:
         fd = open_regular(path)
@@ -664,9 +689,11 @@ def read_directory(path: str, event_size: int) -> np.ndarray:
         count = os.fstat(fd).st_size // DIRECTORY.itemsize
         if count > event_size // MIN_EVENT_BYTES + 1:
             raise IndexMismatch(f"{name} names {count} events, more than its event file of {event_size} bytes holds")
+        first = count - 1 if last and count else 0
         data = bytearray()
-        while len(data) < count * DIRECTORY.itemsize:
-            piece = os.pread(fd, min(READ_BYTES, count * DIRECTORY.itemsize - len(data)), len(data))
+        while len(data) < (count - first) * DIRECTORY.itemsize:
+            piece = os.pread(fd, min(READ_BYTES, (count - first) * DIRECTORY.itemsize - len(data)),
+                             first * DIRECTORY.itemsize + len(data))
             if not piece:
                 break  # cut while read: its whole records so far
             data += piece
@@ -777,7 +804,7 @@ def listed_through(event_path: str) -> int:
     event_size = os.path.getsize(event_path)
     for name in names:
         try:
-            last = read_directory(os.path.join(folder, name), event_size)[-1:]
+            last = read_directory(os.path.join(folder, name), event_size, last=True)
         except FileNotFoundError:
             continue
         if not intact(last):
