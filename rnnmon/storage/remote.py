@@ -15,9 +15,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from typing import Any
 
@@ -93,12 +96,34 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, fs._strip_protocol(url).rstrip("/")
 
 
+class ForeignFolder(PermissionError):
+    """A staging or cache folder that is a link, not a folder, or another user's: never written or read."""
+
+
 def local_folder(kind: str, url: str, base: str | None = None) -> str:
     """A folder of this host for `url` (`kind`: "staging" or "cache"): `$RNNMON_<KIND>_DIR`, else under the
-    temporary folder, one per redacted URL."""
+    temporary folder, one per redacted URL. The base and the folder are created private (0700) and must be
+    folders of this user, not links: one another user made (the temporary folder is everyone's) is refused with
+    ForeignFolder, since its owner could read the run or plant links in it."""
     base = base or os.environ.get(f"RNNMON_{kind.upper()}_DIR") or os.path.join(tempfile.gettempdir(),
                                                                                  f"rnnmon-{kind}")
     clean = redact(url)
     digest = hashlib.sha256(clean.encode()).hexdigest()[:16]
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", clean.split("://", 1)[1])[-60:]
-    return os.path.join(base, f"{label}-{digest}")
+    folder = os.path.join(base, f"{label}-{digest}")
+    os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
+    for path in (base, folder):
+        _own_folder(kind, path)
+    return folder
+
+
+def _own_folder(kind: str, path: str) -> None:
+    """Create `path` (0700) where missing; ForeignFolder where it is not a folder of this user."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    why = ("is not a folder (a link or a file)" if not stat.S_ISDIR(info.st_mode)
+           else f"belongs to another user (uid {info.st_uid})" if info.st_uid != os.getuid() else None)
+    if why:
+        raise ForeignFolder(errno.EACCES, f"the {kind} folder {why}; rnnmon uses only a folder of its own user "
+                            f"there: set RNNMON_{kind.upper()}_DIR to one", path)
