@@ -334,3 +334,72 @@ def read_logdir_steps(logdir: str) -> int:
 
     (data,) = read_logdir(logdir).values()
     return len(data.steps)
+
+
+ODD_OBJECTS = {  # each used to fail `rnnmon report` for the whole log dir and stop the tab listing runs after it
+    "b//rnnmon/events.out.tfevents.1.odd": "empty part",  # a `//` in a key
+    f"c/rnnmon/{'x' * 300}.tfevents.1": "File name too long",
+    "e/rnnmon/events.out.tfevents.2.odd": "",  # a key that is also a folder (S3 reads it as empty)
+    "f/rnnmon/nul\0.tfevents.1": "NUL",  # killed the tab's `rnnmon-mirror` thread for good
+}
+
+
+@pytest.mark.slow
+def test_odd_objects_are_skipped_with_a_note_and_every_other_run_is_read(monkeypatch, tmp_path, caplog):
+    from rnnmon_tensorboard.remote_runs import RemoteRuns
+    from synthetic_runs import write_gpu_run
+
+    with ObjectStore("s3") as server:
+        _use(server, monkeypatch, tmp_path)
+        fs, root = server.filesystem(), server.url("exp").split("://", 1)[1]
+        for run in ("a", "z"):  # one run sorting before the odd objects, one after
+            write_gpu_run(str(tmp_path / "local" / run / "rnnmon"), 5)
+        fs.put(str(tmp_path / "local") + "/", root, recursive=True)
+        fs.pipe_file(f"{root}/e/rnnmon/events.out.tfevents.2.odd/inner", b"records?")
+        fs.pipe_file(f"{root}/d/rnnmon/", b"")  # a folder marker, as S3's "Create folder" makes
+        for key in ODD_OBJECTS:
+            fs.pipe_file(f"{root}/{key}", b"odd")
+        caplog.set_level(logging.WARNING, logger="rnnmon")
+        runs = {run["run"] for run in build_report(server.url("exp"))["runs"]}
+        assert {"a/rnnmon", "z/rnnmon"} <= runs, runs
+        notes = [r.getMessage() for r in caplog.records if "is not mirrored" in r.getMessage()]
+        for key, why in ODD_OBJECTS.items():
+            assert [note for note in notes if repr(key)[1:-1] in note and why in note], (key, notes)
+        assert len(notes) == len(ODD_OBJECTS)  # the folder marker is no object: nothing to say
+        tab = RemoteRuns(server.url("exp"), sync_s=0.2)
+        tab.start()
+        assert tab.wait_synced(60)
+        write_gpu_run(str(tmp_path / "later" / "rnnmon"), 5)
+        fs.put(str(tmp_path / "later" / "rnnmon") + "/", f"{root}/y/rnnmon", recursive=True)
+        deadline = time.monotonic() + 60
+        while not os.path.isdir(os.path.join(tab.tree, "y", "rnnmon")):  # the thread lives on and syncs again
+            assert time.monotonic() < deadline and tab._thread.is_alive()
+            time.sleep(0.2)
+        tab.stop()
+
+
+@pytest.mark.slow
+def test_objects_are_streamed_to_disk_and_capped_unless_event_files(monkeypatch, tmp_path, caplog):
+    """Objects were read whole into memory: a 512 MB object cost the report 1.15 GB, an endless one took TensorBoard
+    past 3 GB in 12 s. Here a 64 MiB event file (streamed, 4 MiB a read) and a 2 MiB profile over a 1 MiB cap."""
+    import tracemalloc
+
+    with ObjectStore("gs") as server:
+        _use(server, monkeypatch, tmp_path)
+        fs, root = server.filesystem(), server.url("exp").split("://", 1)[1]
+        big = os.urandom(1 << 20) * 64
+        fs.pipe_file(f"{root}/big/rnnmon/events.out.tfevents.9.big", big)
+        fs.pipe_file(f"{root}/big/rnnmon/plugins/profile/trace.pb", b"p" * (2 << 20))
+        del big
+        caplog.set_level(logging.WARNING, logger="rnnmon")
+        mirror = Mirror(server.url("exp"), max_object_bytes=1 << 20)
+        tracemalloc.start()
+        try:
+            tree = mirror.sync()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert os.path.getsize(os.path.join(tree, "big", "rnnmon", "events.out.tfevents.9.big")) == 64 << 20
+        assert peak < 24 << 20, peak
+        assert not os.path.exists(os.path.join(tree, "big", "rnnmon", "plugins", "profile", "trace.pb"))
+        assert [r for r in caplog.records if "trace.pb" in r.getMessage() and "over the 1048576" in r.getMessage()]
