@@ -51,6 +51,11 @@ class RnnmonLoader(base_plugin.TBLoader):
     def fix_flags(self, flags: argparse.Namespace) -> None:
         samples = dict(getattr(flags, "samples_per_plugin", None) or {})
         logdir = getattr(flags, "logdir", None)
+        if remote.is_remote(logdir):
+            try:
+                remote.check(logdir)  # a URL carrying credentials: refused, as the monitor and the report refuse it
+            except remote.CredentialsInURL as error:
+                raise base_plugin.FlagsError(f"rnnmon: {error}") from None  # TensorBoard prints it and exits
         if not reads_files(logdir) and not remote.is_remote(logdir):  # the tab reads through the data provider
             samples.setdefault(PLUGIN_NAME, KEEP_ALL)
         flags.samples_per_plugin = samples
