@@ -142,10 +142,12 @@ class Mirror:
 
     def _append(self, source: Any, path: str, size: int) -> bool:
         """Append the object's new bytes to its copy at `path` where the copy (a regular file) is a shorter prefix
-        of it, as a live file grows; False where it is not."""
+        of it, as a live file grows, an empty copy too (a writer's first upload is an empty event file: a copy
+        replaced, not appended to, kept TensorBoard's readers on the old, empty file, and the run unlisted); False
+        where it is not."""
         with contextlib.suppress(OSError), open(path, "r+b") as copy:
             have = os.fstat(copy.fileno()).st_size
-            if not 0 < have < size:
+            if have >= size:
                 return False
             at = 0
             while at < have:  # compared a chunk at a time

@@ -403,3 +403,25 @@ def test_objects_are_streamed_to_disk_and_capped_unless_event_files(monkeypatch,
         assert peak < 24 << 20, peak
         assert not os.path.exists(os.path.join(tree, "big", "rnnmon", "plugins", "profile", "trace.pb"))
         assert [r for r in caplog.records if "trace.pb" in r.getMessage() and "over the 1048576" in r.getMessage()]
+
+
+@pytest.mark.slow
+def test_an_empty_event_file_mirrored_first_is_appended_to_when_it_grows(monkeypatch, tmp_path):
+    """A writer's first upload is an empty event file; the next sync replaced its copy instead of appending, so
+    TensorBoard's readers kept reading the old, empty file: 0 of 4 runs started while TensorBoard was open were
+    listed in their first 5.5 minutes."""
+    from synthetic_runs import write_gpu_run
+
+    with ObjectStore("s3") as server:
+        _use(server, monkeypatch, tmp_path)
+        fs, root = server.filesystem(), server.url("exp").split("://", 1)[1]
+        write_gpu_run(str(tmp_path / "local" / "rnnmon"), 5)
+        (name,) = [n for n in os.listdir(tmp_path / "local" / "rnnmon") if "tfevents" in n]
+        fs.pipe_file(f"{root}/run/rnnmon/{name}", b"")
+        mirror = Mirror(server.url("exp"))
+        copy = os.path.join(mirror.sync(), "run", "rnnmon", name)
+        assert os.path.getsize(copy) == 0
+        with open(copy, "rb") as reader:  # a reader that opened the empty copy, as TensorBoard's does
+            fs.put_file(str(tmp_path / "local" / "rnnmon" / name), f"{root}/run/rnnmon/{name}")
+            mirror.sync()
+            assert reader.read() == (tmp_path / "local" / "rnnmon" / name).read_bytes()  # it sees the events
