@@ -59,6 +59,7 @@ class Uploader:
         self._passes = 0  # passes that put what was due: every INDEX_EVERY-th (from the first) puts the indexes too
         self._failing = False
         self._refused: set[str] = set()  # paths warned about: not regular files
+        self._given_up = False  # the last pass was given up after `close()`, with a warning
         self._closing = threading.Event()
         self._done = threading.Event()
         self.failures = 0  # passes that failed
@@ -75,7 +76,7 @@ class Uploader:
         """At the interpreter's exit: the thread has `exit_wait_s()` for its last pass (it sees the main thread
         gone within `poll_s`); then one warning names what stays in staging, and the exit goes on."""
         self._thread.join(exit_wait_s() + self._poll_s + 1.0)
-        if not self._done.is_set():
+        if not self._done.is_set() and not self._given_up:
             LOG.warning("rnnmon: %d file(s) were not uploaded to %s within %.0f s of the exit%s; they are kept in %s "
                         "(a later monitor of this log directory on this host uploads them).", len(self.pending()),
                         self.shown, exit_wait_s(), " (a request or a read hangs)" if self._thread.is_alive() else "",
@@ -115,6 +116,7 @@ class Uploader:
             if final and time.monotonic() + backoff > deadline:
                 if exiting:
                     return  # `_wait_at_exit` names what stays
+                self._given_up = True
                 LOG.warning("rnnmon: %d file(s) were not uploaded to %s; they are kept in %s (a later monitor of "
                             "this log directory on this host uploads them).", len(self.pending()), self.shown,
                             self.local_dir)
