@@ -27,6 +27,7 @@ from typing import Any
 SCHEMES = ("gs", "gcs", "s3", "s3a")  # the schemes rnnmon writes and reads; others are local paths as before
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*)://", re.I)
 TIMEOUT_S = 20.0  # one request's connect and read deadline: a dead network costs an upload pass, not a hang
+DEADLINE_S = 60.0  # one call (a put, with the library's retries), given up after this (`RNNMON_REQUEST_DEADLINE_S`)
 
 
 def is_remote(path: str | os.PathLike | None) -> bool:
@@ -98,6 +99,26 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 class ForeignFolder(PermissionError):
     """A staging or cache folder that is a link, not a folder, or another user's: never written or read."""
+
+
+def bounded(fs: Any, method: str, *args: Any) -> Any:
+    """`fs.<method>(*args)`, given up after `deadline_s()` (fsspec's FSTimeoutError, the call cancelled) where `fs`
+    is asynchronous (s3fs, gcsfs): against an endpoint that accepts connections and never answers, a put to S3
+    outlasted its 20 s request deadline for good (still running after 200 s here)."""
+    call = getattr(fs, f"_{method}", None)
+    if not getattr(fs, "async_impl", False) or call is None:
+        return getattr(fs, method)(*args)
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, call, *args, timeout=deadline_s())
+
+
+def deadline_s() -> float:
+    """`RNNMON_REQUEST_DEADLINE_S`, else `DEADLINE_S`."""
+    try:
+        return max(float(os.environ.get("RNNMON_REQUEST_DEADLINE_S", DEADLINE_S)), 1.0)
+    except ValueError:
+        return DEADLINE_S
 
 
 def local_folder(kind: str, url: str, base: str | None = None) -> str:

@@ -6,7 +6,8 @@ other file written there: profiles, reading indexes), each whole, once it change
 `interval_s` (the growing event file is re-put at that bounded rate; a finished segment is put once more after
 its last write). A run's reading index (`rnnmon-index/`) goes with every `INDEX_EVERY`-th pass and the last,
 before the event files, so the bucket's index never names events its copy of the event file lacks; readers read
-the events after it from the event file. Training never waits for it: each request has a deadline (`remote.TIMEOUT_S`).
+the events after it from the event file. Training never waits for it: each request has a deadline (`remote.TIMEOUT_S`),
+and each put one in all (`remote.bounded`: a request that outlasts its own deadline is given up).
 
 A failure (network down, throttled bucket, expired token) logs one warning, then the pass is retried with
 backoff (up to `MAX_BACKOFF_S`); the files stay in the staging folder, so nothing written is lost. The next good
@@ -151,7 +152,7 @@ class Uploader:
                 data = _read_regular(os.path.join(self.local_dir, rel), key[0])
                 if data is None:
                     continue  # swapped for a link or a FIFO since the walk
-                self._fs.pipe_file(remote.join(self._root, rel), data)
+                remote.bounded(self._fs, "pipe_file", remote.join(self._root, rel), data)
                 self._put[rel] = (len(data), key[1])
             self._last_pass, self._passes = now, self._passes + 1
         except Exception as error:

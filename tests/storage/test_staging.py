@@ -109,3 +109,31 @@ def test_the_exit_never_waits_on_a_hung_upload_beyond_its_bound(tmp_path):
     # is 20 s, and it hung for good in the probe
     assert "1 file(s) were not uploaded to s3://bucket/run/rnnmon within 2 s of the exit (a request or a read hangs)" \
         in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_put_to_an_endpoint_that_never_answers_is_given_up_at_its_deadline(tmp_path, monkeypatch, caplog):
+    """A put to such an endpoint outlasted its 20 s request deadline for good (9 min 20 s in the issue's probe,
+    over 200 s here): the upload thread made no other pass for the rest of the fit. Each call now has an overall
+    deadline (`RNNMON_REQUEST_DEADLINE_S`, 3 s here): the pass fails with one warning and is retried."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)
+        for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{hung.getsockname()[1]}",
+                            "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret",
+                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+                            "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "RNNMON_REQUEST_DEADLINE_S": "3"}.items():
+            monkeypatch.setenv(name, value)
+        run_dir = tmp_path / "staging" / "rnnmon"
+        run_dir.mkdir(parents=True)
+        (run_dir / "events.out.tfevents.1.host").write_bytes(b"events")
+        up = uploader.Uploader(str(run_dir), "s3://bucket/run/rnnmon", interval_s=0.0)
+        result = []
+        begin = time.monotonic()
+        thread = threading.Thread(target=lambda: result.append(up._pass(final=False)), daemon=True)
+        thread.start()
+        thread.join(60)
+        assert result == [False], "the pass still hangs"
+        assert time.monotonic() - begin < 20
+        (warning,) = [r.getMessage() for r in caplog.records if "cannot upload" in r.getMessage()]
+        assert "FSTimeoutError" in warning, warning
