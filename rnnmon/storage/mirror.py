@@ -150,13 +150,15 @@ class Mirror:
             if have >= size:
                 return False
             at = 0
-            while at < have:  # compared a chunk at a time
-                theirs = source.read(min(CHUNK_BYTES, have - at))
-                if not theirs or copy.read(len(theirs)) != theirs:
-                    return False
-                at += len(theirs)
-            copy.seek(have)
-            _copy(source, copy, size - have)
+            while at < size:  # a read of CHUNK_BYTES at a time, as a new copy's: one GET for an object up to it
+                piece = source.read(min(CHUNK_BYTES, size - at))
+                if not piece:
+                    raise ValueError(f"the object ended {size - at} bytes short of its listed size")
+                mine = piece[:max(have - at, 0)]
+                if mine and copy.read(len(mine)) != mine:
+                    return False  # not a prefix (nothing written yet): replaced
+                copy.write(piece[len(mine):])
+                at += len(piece)
             self.downloaded += 1
             self.downloaded_bytes += size
             return True
