@@ -8,7 +8,8 @@ local copy when the copy is a prefix of it, so readers that follow a file (rnnmo
 a local live file; any other change replaces the copy in one rename. The mirror keeps the objects' tree as it is
 in the bucket, so run names are the same as for a local folder.
 
-Objects are streamed to disk a `CHUNK_BYTES` range at a time, never past the size the listing gave (an object that
+Objects are downloaded `PARALLEL_GETS` at a time (the reading indexes first, then the event files) and streamed to
+disk a `CHUNK_BYTES` range at a time, never past the size the listing gave (an object that
 never ends is read that far); an object that is not an event file is mirrored up to `max_object_bytes`. An object
 that cannot be a file of the tree (a key with `//`, a NUL or a name too long for the disk, a key that is also a
 folder) is skipped with one WARNING naming it, and a folder marker (a key ending in `/`, as S3's "Create folder"
@@ -30,6 +31,7 @@ import json
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rnnmon.format.eventfile import EVENT_FILE_MARK
@@ -42,6 +44,7 @@ _NO_FILE = (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST)  # a 
 MANIFEST = "manifest.json"
 CHUNK_BYTES = 4 << 20  # read from an object at a time
 MAX_OBJECT_BYTES = 256 << 20  # an object that is not an event file is mirrored up to this (a profile, an index)
+PARALLEL_GETS = 8  # objects downloaded at once (a first sync of 2,500 objects took 122-157 s one at a time)
 
 
 class Mirror:
@@ -90,19 +93,14 @@ class Mirror:
                     self._skip(rel, "its name is no file's name (an empty part, `.`, `..` or a NUL)")
                     continue
                 objects[rel] = _version(info)
-            for rel, version in sorted(objects.items(), key=_indexes_first):
-                if self._odd.get(rel) == version:
-                    continue  # it cannot be a file of the tree as it is: not tried again until it changes
-                if self._seen.get(rel) != version or not os.path.isfile(self._local(rel)):
-                    try:
-                        self._download(rel, version[0])
-                    except Exception as error:  # this object only: the others are mirrored
-                        self._skip(rel, f"{type(error).__name__}: {str(error).replace(self.url, self.shown)[:200]}")
-                        if isinstance(error, ValueError) or getattr(error, "errno", None) in _NO_FILE:
-                            self._odd[rel] = version  # else (the network): tried again at the next sync
-                        continue
-                    self.skipped.pop(rel, None)
-                    self._seen[rel] = version
+            due = [(rel, version) for rel, version in sorted(objects.items())
+                   if self._odd.get(rel) != version  # it cannot be a file of the tree as it is: not until it changes
+                   and (self._seen.get(rel) != version or not os.path.isfile(self._local(rel)))]
+            for indexes in (True, False):  # the reading indexes first, all of them, then the event files
+                group = [(rel, version) for rel, version in due if _in_index(rel) == indexes]
+                with ThreadPoolExecutor(PARALLEL_GETS, thread_name_prefix="rnnmon-get") as pool:
+                    for (rel, version), error in zip(group, pool.map(self._fetch, group)):
+                        self._took(rel, version, error)
             for rel in set(self._seen) - set(objects):
                 with contextlib.suppress(OSError):
                     os.remove(self._local(rel))
@@ -114,14 +112,34 @@ class Mirror:
     def _local(self, rel: str) -> str:
         return os.path.join(self.tree, *rel.split("/"))
 
+    def _fetch(self, item: tuple[str, list[Any]]) -> Exception | None:
+        """Download one object (on a pool thread); the exception that stopped it, if any."""
+        try:
+            self._download(*item)
+        except Exception as error:  # this object only: the others are mirrored
+            return error
+        return None
+
+    def _took(self, rel: str, version: list[Any], error: Exception | None) -> None:
+        if error is None:
+            self.downloaded += 1
+            self.downloaded_bytes += version[0]
+            self.skipped.pop(rel, None)
+            self._seen[rel] = version
+            return
+        self._skip(rel, f"{type(error).__name__}: {str(error).replace(self.url, self.shown)[:200]}")
+        if isinstance(error, ValueError) or getattr(error, "errno", None) in _NO_FILE:
+            self._odd[rel] = version  # else (the network): tried again at the next sync
+
     def _skip(self, rel: str, why: str) -> None:
         if self.skipped.get(rel) != why:
             LOG.warning("rnnmon: %r under %s is not mirrored (%s); the other objects are.", rel, self.shown, why)
         self.skipped[rel] = why
 
-    def _download(self, rel: str, size: int) -> None:
+    def _download(self, rel: str, version: list[Any]) -> None:
         """Stream the object `rel` (of `size` bytes, as listed) to its copy: appended where the copy is a prefix of
         it, else written beside the tree and renamed into it."""
+        size = version[0]
         if size > self.max_object_bytes and EVENT_FILE_MARK not in rel.rsplit("/", 1)[-1]:
             raise ValueError(f"{size} bytes, over the {self.max_object_bytes} mirrored of an object that is not an "
                              "event file")
@@ -137,8 +155,6 @@ class Mirror:
             with open(temporary, "wb") as out:
                 _copy(source, out, size)
         os.replace(temporary, path)
-        self.downloaded += 1
-        self.downloaded_bytes += size
 
     def _append(self, source: Any, path: str, size: int) -> bool:
         """Append the object's new bytes to its copy at `path` where the copy (a regular file) is a shorter prefix
@@ -159,8 +175,6 @@ class Mirror:
                     return False  # not a prefix (nothing written yet): replaced
                 copy.write(piece[len(mine):])
                 at += len(piece)
-            self.downloaded += 1
-            self.downloaded_bytes += size
             return True
         return False
 
@@ -207,7 +221,7 @@ def _version(info: dict[str, Any]) -> list[Any]:
     return [int(info.get("size") or 0), str(tag)]
 
 
-def _indexes_first(item: tuple[str, Any]) -> tuple[bool, str]:
-    """Reading indexes before event files (as the uploader puts them): a copied index never names events the copy
-    of its event file lacks."""
-    return f"/{INDEX_DIR}/" not in f"/{item[0]}", item[0]
+def _in_index(rel: str) -> bool:
+    """A file of a reading index: mirrored before the event files (as the uploader puts them), so a copied index
+    never names events the copy of its event file lacks."""
+    return f"/{INDEX_DIR}/" in f"/{rel}"
