@@ -4,9 +4,10 @@ TensorFlow backend: Keras 3 fetches the batch inside the compiled function. The 
 batch(es) with `next(iterator)` on the host, timed, and hands them to the original function, which runs the same
 compiled step on each through its non-iterator branch: one batch is pulled, stepped on, then the next, as the
 in-graph loop does. Losses and weights are unchanged. With `steps_per_execution > 1` pulling eagerly costs
-0.2-0.9 ms a batch more than Keras's in-graph loop (a dispatch per batch, on a 1.5-2 ms tiny-LSTM step), so only one
-execution in `sample_every` (the fit's second, then every `sample_every`-th) is pulled, timed and reported; the
-others run Keras's loop untouched and report nothing (their wait is NaN: not measured). Eager batches
+0.2-0.9 ms a batch more than Keras's in-graph loop (a dispatch per batch, on a 1.5-2 ms tiny-LSTM step), so only a
+sample is pulled, timed and reported: the fit's first execution (its warm-up, which then also readies the in-graph
+loop), its second, and every `sample_every`-th after that; the others run Keras's loop untouched and report
+nothing (their wait is NaN: not measured). Eager batches
 have concrete shapes, so before the first step the wrapper traces Keras's per-batch step for the iterator's
 own element spec (batch dimension unknown), as Keras's in-graph loop would: the partial last batch of an
 epoch then reuses that trace instead of tracing again (0.5-1 s on a small LSTM).
@@ -70,8 +71,8 @@ def wrap_train_function(model: Any, on_wait: Callable[[float, int, Shapes | None
     """Replace `model.train_function` with a timed one (removing a stale wrapper from an aborted fit).
 
     `on_wait(seconds, batches, shapes)` gets each timed step's wait, batch count and first batch's shapes: every
-    step's where `sample_every` is 1, else the fit's second execution's and every `sample_every`-th after it (the
-    others are not timed and call nothing).
+    step's where `sample_every` is 1, else executions 0, 1, 1 + `sample_every`, 1 + 2 * `sample_every`, ... of
+    the fit (the others are not timed and call nothing).
     `on_first_batch` gets the first batch the wrapper fetched and the iterator it came from, before the step runs
     on it. `step_marker()` gives a context (a profiler step marker) to wrap the whole step in, fetch included, or
     None (every step outside a capture).
