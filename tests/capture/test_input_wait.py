@@ -10,6 +10,7 @@ from conftest import BATCH, read_run, sequences, stalled_dataset, tiny_model
 
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
+from rnnmon.report import build_report, render_text
 
 STEPS = 40
 SAMPLED = 8 * (2 + 16 * 3)  # steps_per_execution=8: the warm-up, then executions 1, 17, 33 and 49 timed
@@ -122,6 +123,8 @@ def test_steps_per_execution_8_with_a_stall_per_batch_is_input_bound_on_a_sample
     assert summary["input_wait_coverage"] < 0.1 and "timed on a sample" in summary["summary"]
     # Without prefetch each batch waits for its stall and the pipeline's own cost.
     assert abs(summary["input_wait_ms"]["median"] - (10.0 + pipeline_ms)) <= 0.25 * 10.0, summary["input_wait_ms"]
+    text = render_text(build_report(str(tmp_path)))
+    assert "of the batches: sampled: 1 execution in 16)" in text and "INPUT_BOUND" in text
 
 
 @pytest.mark.slow
