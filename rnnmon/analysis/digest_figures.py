@@ -1,6 +1,7 @@
 """The summary's figures from a run's digest (`rnnmon.format.digest`): exact from the rows while the digest keeps
 them, else from its aggregates (sums exact; percentiles from the buckets, within `digest.RELATIVE_ERROR`; the wait
-beyond the fetch floor and the robust input share bucket by bucket; slow steps from the slowest kept whole).
+beyond the fetch floor and the robust input share bucket by bucket; slow steps from the slowest kept whole). Where
+only some steps had their wait timed (a sample), the input figures are the timed steps' (rnnmon.analysis.summary).
 
 Example:
     >>> step_figures(digest.steps, floor_s, cache, phases, shapes)["step_ms"]

@@ -8,6 +8,12 @@ starting, or stopping and saving its trace, is neither but a profile phase (`pro
 steps far above the median (rnnmon.analysis.fit_time). `training_without_s` is the quantity every measured
 finding's speed-up predicts: the fits' training time (wall time after the warm-up) without one cause.
 
+Where only a sample of the steps had its input wait timed (TensorFlow with `steps_per_execution > 1`, see
+rnnmon.capture.input_timing), the input share is judged on the timed steps, each against its batches at the
+per-batch step time of all, and the wait in all (`input_wait_fraction`, `time_s["input_wait"]`, the speed-up) is
+scaled up from the timed batches: `input_wait_coverage` is their share, and `verdict_note` says so; where none
+was timed, `verdict_note` says the verdict leaves input out (rnnmon.analysis.input_coverage).
+
 Where the input pipeline caches (`input_cache`), the first epoch of each fit fills the cache and waits for what
 comes before it; with later epochs to judge, the input share, its speed-up and the verdict are theirs, and the
 first epochs' wait is reported apart (`cache_fill`).
