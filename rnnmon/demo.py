@@ -11,7 +11,9 @@ Example:
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
 import time
 import warnings
 
@@ -77,8 +79,24 @@ def run_demo(logdir: str = "runs") -> int:
     report = build_report(logdir)
     print(render_text(report))
     print(predicted_vs_achieved(report))
-    print(f"\nOpen the \"RNN Monitor\" tab:  tensorboard --logdir {logdir}   then http://localhost:6006/#rnnmon")
+    print(f"\nOpen the \"RNN Monitor\" tab:  {tensorboard_command(logdir)}   then http://localhost:6006/#rnnmon")
     return 0
+
+
+def tensorboard_command(logdir: str) -> str:
+    """`tensorboard --logdir LOGDIR` as it can be run from here: the `tensorboard` of this Python's environment (by
+    its path when PATH finds another one or none, as in a virtual environment that is not activated)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    if not os.path.isfile(beside):  # an environment without the script: the module runs the same program
+        program = f"{shlex.quote(sys.executable)} -m tensorboard.main"
+    else:
+        found = shutil.which("tensorboard")
+        if found and os.path.samefile(found, beside):
+            program = "tensorboard"
+        else:
+            relative = os.path.relpath(beside)
+            program = shlex.quote(beside if relative.startswith("..") else relative)
+    return f"{program} --logdir {shlex.quote(logdir)}"
 
 
 def predicted_vs_achieved(report: dict) -> str:

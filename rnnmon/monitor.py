@@ -27,11 +27,12 @@ from rnnmon.alerts.delivery import Alerting
 from rnnmon.alerts.rules import AlertEvent
 from rnnmon.alerts.thresholds import Thresholds
 from rnnmon.analysis.input_advice import input_advice
-from rnnmon.audit.pipeline import audit_pipeline, cache_stage, input_kind
+from rnnmon.audit.pipeline import audit_pipeline, batching_stage, cache_stage, input_kind
 from rnnmon.audit.placement import audit_placement
 from rnnmon.audit.preprocessing import audit_preprocessing
 from rnnmon.audit.rnn_layers import audit_rnn_layers
 from rnnmon.capture.callback_timing import CallbackTiming
+from rnnmon.capture.compiles import CompileWatch
 from rnnmon.capture.exits import ExitGuard
 from rnnmon.capture.fetch_floor import fetch_floors
 from rnnmon.capture.fit_scope import FitScope, HookGuard
@@ -139,6 +140,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
     Its place in the callbacks list does not matter: every callback's batch hooks count as host time between
     steps, wherever it sits.
 
+    It records `fit` (its validation included). Given to `model.evaluate()` or `predict()` outside a fit, it
+    records nothing and says so once, in a warning.
+
     Example:
         ```python
         model.fit(dataset, epochs=3, callbacks=[rnnmon.UtilizationMonitor("runs/exp1")])
@@ -211,6 +215,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._scope = FitScope(None, 0)
         self._trial: Trial | None = None
         self._callback_timing: CallbackTiming | None = None
+        self._told_outside_fit = False  # evaluate() or predict() was given this monitor outside a fit
 
     def __deepcopy__(self, memo: dict[int, Any]) -> UtilizationMonitor:
         """A fresh, unstarted monitor with this one's settings: KerasTuner copies the callbacks for each trial.
@@ -325,6 +330,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if self._exporter is not None and sampler is not None:
             self._exporter.add_devices(d["index"] for d in sampler.describe())
         self._input_timing = self._install_input_timing()
+        self._compile_watch = CompileWatch.for_model(self.model, keras.backend.backend())
         self._run_info = self._describe_run(sampler)
         self._writer.json(schema.RUN_TAG, self._run_info)
         self._findings: list[Finding] = []
@@ -379,17 +385,25 @@ class UtilizationMonitor(keras.callbacks.Callback):
         stamped = self._callback_timing is not None and self._callback_timing.stamps_end
         end = self._end if stamped else self._clock()
         batches = self._batches or self._per_execution
-        self._global_step += batches
         gap = self._begin - self._last_end
+        shapes = self._shapes
+        compiles, compile_s = self._compile_watch.take(self._begin, end, shapes)
         if self._warming_up:  # tracing and iterator creation: neither input wait nor host overhead
             self._warming_up = False
             self._recorder.add_phase("warmup", self._fit_begin, end)
             gap = NA
-        self._recorder.add_step((self._global_step, self._epoch, self._begin, end, self._wait, gap, batches))
+        elif compiles:
+            self._recorder.add_compile(self._global_step + batches, batches, self._begin, end, compiles, compile_s,
+                                       self._compile_watch.source, shapes)
+        self._recorder.add_step((self._global_step + batches, self._epoch, self._begin, end, self._wait, gap,
+                                 batches))
+        self._global_step += batches
         self._fit_steps += 1
         self._fit_batches += batches
-        if self._shapes is not None and self._shapes != self._last_shapes:
-            self._new_shapes(self._shapes)
+        if shapes is not None:
+            self._recorder.shape_steps.add(shapes, batches, end - self._begin, compiles > 0 or gap != gap)
+            if shapes != self._last_shapes:
+                self._new_shapes(shapes)
         if self._model_audit_pending:
             self._model_audit_pending = False
             self._report_findings(self._audit_model())
@@ -401,7 +415,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._last_end = end
 
     def on_test_begin(self, logs: dict | None = None) -> None:
-        if self._active:
+        if not self._active:
+            if not FitScope.find(self.model).known:  # validation calls it from fit: a monitor off for this fit
+                self._outside_fit("evaluate")
+        else:
             now = self._clock()
             if self._open_phase is None:  # validation starts right after the epoch's last step
                 # Before the fit's first validation Keras builds its data iterator (distributes it, under a
@@ -416,6 +433,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
             now = self._clock()
             self._close_phase(now)
             self._open_phase = ("eval", now)
+
+    def on_predict_begin(self, logs: dict | None = None) -> None:
+        self._outside_fit("predict")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._active and (self._callback_timing is None or not self._callback_timing.stamps_epoch_end):
@@ -436,6 +456,13 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._finish("finished")
 
     # --- helpers ---------------------------------------------------------------------------------------
+    def _outside_fit(self, call: str) -> None:
+        """`model.evaluate()` or `predict()` was given this monitor: say once that only `fit` is recorded."""
+        if not self._told_outside_fit:
+            self._told_outside_fit = True
+            LOG.warning("rnnmon: model.%s() was given this monitor, which records fit() only (its validation "
+                        "included): evaluate() and predict() outside fit() are not recorded.", call)
+
     def _on_wait(self, seconds: float, batches: int, shapes: Shapes | None) -> None:
         self._wait, self._batches, self._shapes = seconds, batches, shapes
 
@@ -516,6 +543,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             unwrap_train_function(self.model)
         if self._callback_timing is not None:
             self._callback_timing.remove()
+        self._compile_watch.close()
         if self._hook_guard is not None:
             self._hook_guard.remove()
         self._final_status = status
@@ -662,18 +690,21 @@ class UtilizationMonitor(keras.callbacks.Callback):
             "backend": keras.backend.backend(), "keras": keras.__version__, "host": socket.gethostname(),
             "pid": os.getpid(), "worker": self.worker, "trial": self._trial.to_dict() if self._trial else None,
             "steps_per_execution": self._per_execution, "input_wait": self._input_timing,
-            "input_kind": self._input_kind, "input_cache": self._input_cache(), "idle_pct": self.idle_pct,
+            "compiles": self._compile_watch.source or None,  # whose compile signal was watched (capture.compiles)
+            "input_kind": self._input_kind, "input_cache": self._read_input(cache_stage),
+            "input_batching": self._read_input(batching_stage), "idle_pct": self.idle_pct,
             "gpus": sampler.describe() if sampler else [],
             "nvml": "available" if self._nvml.available else "unavailable",
             "thresholds": self._alerting.thresholds.to_dict(), "thresholds_source": self._alerting.source,
         }
 
 
-    def _input_cache(self) -> str | None:
-        """Where the fit's input caches, so its first epoch (filling the cache) is judged apart from the rest."""
+    def _read_input(self, read: Callable[[Any], str | None]) -> str | None:
+        """What `read` finds in the fit's input: where it caches (its first epoch, filling the cache, is judged
+        apart from the rest), how it pads its batches (the recompile advice)."""
         fit = self._scope.call()
         try:
-            return cache_stage(fit.x) if fit is not None else None
+            return read(fit.x) if fit is not None else None
         except Exception as error:  # reading the pipeline must never stop training
             LOG.info("rnnmon: the input pipeline could not be read (%s: %s)", type(error).__name__, error)
             return None

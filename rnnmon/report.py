@@ -110,6 +110,8 @@ def _render_trials(group: dict[str, Any]) -> str:
     if group["speedup"] is not None:
         lines.append(f"  fastest: trial {group['fastest']}, {group['speedup']:.2f}x less time per epoch than trial "
                      f"{group['slowest']}, the slowest")
+    if group.get("caveat"):
+        lines.append(f"  caveat: {group['caveat']}")
     return "\n".join(_clean(line) for line in lines)
 
 

@@ -4,6 +4,13 @@ tests/analysis/test_speedup_prediction.py, in the full suite).
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT
+
 from rnnmon import audit, demo
 
 
@@ -31,3 +38,25 @@ def test_the_closing_line_puts_the_prediction_beside_the_training_time_achieved(
     assert demo.predicted_vs_achieved(report) == (
         "\nAchieved: the tuned run took 2.5 s after its warm-up: 3.12x (no measured finding predicted one).")
     assert demo.predicted_vs_achieved({"runs": report["runs"][:1]}) == ""  # the tuned run is missing
+
+
+def test_the_tensorboard_command_runs_where_tensorboard_is_not_on_path():
+    """Issue 26: after the README's setup `tensorboard` is `.venv/bin/tensorboard`, not on PATH, yet the demo said
+    `tensorboard --logdir runs`. The printed command is run as printed, from a shell without the venv on PATH."""
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    assert shutil.which("tensorboard", path=env["PATH"]) is None
+    code = "from rnnmon.demo import tensorboard_command; print(tensorboard_command('my runs'))"
+    printed = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+    assert printed.endswith(" --logdir 'my runs'") and printed != "tensorboard --logdir 'my runs'", printed
+    ran = subprocess.run(f"{printed} --version_tb", shell=True, env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode == 0 and ran.stdout.strip()[:1].isdigit(), (printed, ran.stdout, ran.stderr[-2000:])
+
+
+def test_the_tensorboard_command_is_plain_where_path_finds_this_environments():
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+    code = "from rnnmon.demo import tensorboard_command; print(tensorboard_command('runs'))"
+    printed = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+    assert printed == "tensorboard --logdir runs"

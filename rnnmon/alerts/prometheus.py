@@ -140,7 +140,8 @@ class PrometheusExporter:
                               (*names, "verdict"), registry=r)
         for rule in RULES:
             self._firing.labels(**self.labels, rule=rule).set(0)
-        self._totals = {"steps": 0, "wait_s": 0.0, "gap_s": 0.0, "step_s": 0.0, "batches": 0.0, "timed_batches": 0.0}
+        self._totals = {"steps": 0, "wait_s": 0.0, "gap_s": 0.0, "step_s": 0.0, "compile_s": 0.0, "plain_s": 0.0,
+                        "plain_batches": 0.0, "batches": 0.0, "timed_batches": 0.0}
         self._last_sample: dict[int, float] = {}  # per GPU: the time of its latest utilization sample
         self._fits = 0
         self._fits_lock = threading.Lock()
@@ -175,6 +176,7 @@ class PrometheusExporter:
             totals = self._totals
             totals["steps"] += len(rows)
             totals["step_s"] += float(duration.sum() + gap.sum())
+            totals["compile_s"] += self._compile_s(rows, duration, chunk.get("compiles") or [])
             totals["gap_s"] += float(gap.sum())
             beyond = pipeline_wait_s(wait, rows[:, 6], float(chunk.get("fetch_floor_s", 0.0)))
             totals["wait_s"] += float(np.nansum(beyond))  # as the report: beyond the floor
@@ -193,7 +195,22 @@ class PrometheusExporter:
         totals = self._totals
         timed = totals["timed_batches"]  # all batches, or a sample's (TensorFlow, steps_per_execution > 1)
         wait_s = totals["wait_s"] * totals["batches"] / timed if timed else 0.0
-        self._set_verdict(verdict(totals["steps"], wait_s, totals["gap_s"], totals["step_s"]))
+        self._set_verdict(verdict(totals["steps"], wait_s, totals["gap_s"], totals["step_s"],
+                                  totals["compile_s"], totals["step_s"]))
+
+    def _compile_s(self, rows: np.ndarray, duration: np.ndarray, compiles: list[tuple]) -> float:
+        """The chunk's compile time, as the report counts it: the framework's measured seconds, else a compiling
+        step's time beyond a step that compiled nothing (their mean per batch so far). `compiles`: the recorder's
+        (step, batches, begin, end, count, seconds, source, shapes) tuples (rnnmon.capture.compiles)."""
+        totals = self._totals
+        compiled = np.isin(rows[:, 2], [record[2] for record in compiles])
+        totals["plain_s"] += float(duration[~compiled].sum())
+        totals["plain_batches"] += float(rows[~compiled, 6].sum())
+        per_batch = totals["plain_s"] / totals["plain_batches"] if totals["plain_batches"] else 0.0
+        seconds = 0.0
+        for _, batches, begin, end, _, measured, _, _ in compiles:
+            seconds += max(measured if measured == measured else end - begin - batches * per_batch, 0.0)
+        return seconds
 
     def fit_ended(self) -> None:
         """Alerts resolve when a fit ends, and `rnnmon_training` drops to 0 once no fit with these labels runs;

@@ -66,15 +66,21 @@ _ADVICE = {  # input wait: tf.data's advice; an engine is given the advice for i
     "gpu_throttled": "For thermal reasons check cooling, fans and airflow (nvidia-smi -q -d TEMPERATURE); for "
                      "power reasons the GPU is at its power limit (nvidia-smi -q -d POWER).",
 }
-_GAP_CAUSES = {  # cause → (what the idle time overlapped, advice)
+_GAP_CAUSES = {  # cause (the recorded phase that overlapped the idle time most) → (where it was, advice)
     "input": ("waiting for input", _ADVICE["input_wait_high"]),
     "host": ("on host work between steps",
              "Move per-step Python work (callbacks, logging, metrics) out of the loop or raise steps_per_execution."),
     "eval": ("during validation", "Validate less often (validation_freq) or with a larger batch size."),
+    "epoch_end": ("at epoch ends, between one epoch's last step and the next one's first",
+                  "Look at the epoch-end callbacks (checkpoints: save less often) and at the input iterator's "
+                  "restart for the next epoch (cache or prefetch the data)."),
+    "warmup": ("during warm-up (tracing and compiling)",
+               "A fit pays this once, before its first step and its first validation batch."),
     "sync": ("while another GPU computed",
              "The replicas wait for the slowest at every all-reduce: see DEVICE_IMBALANCE in the report."),
-    "other": ("outside training steps",
-              "Look for work between epochs: checkpointing, callbacks, reshuffling or re-reading the dataset."),
+    "other": ("where no step phase was recorded",
+              "Look for work the recorded phases do not show: ops placed on the CPU inside the step, or other "
+              "threads and processes on this machine."),
 }
 
 

@@ -4,7 +4,7 @@ beyond the fetch floor and the robust input share bucket by bucket; slow steps f
 only some steps had their wait timed (a sample), the input figures are the timed steps' (rnnmon.analysis.summary).
 
 Example:
-    >>> step_figures(digest.steps, floor_s, cache, phases, shapes)["step_ms"]
+    >>> step_figures(digest.steps, floor_s, cache, phases, shapes, compiles)["step_ms"]
     {'median': 19.98, 'p90': 21.4}
     >>> device_figures(digest.devices[0], idle_pct=5.0)["util_mean"]
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rnnmon.analysis.fit_time import PARTS, SLOW_FACTOR, SLOW_MIN_S, _fit_spans_s, _listed, _new_shape, _slow, fit_time
+from rnnmon.analysis.fit_time import PARTS, SLOW_FACTOR, SLOW_MIN_S, _fit_spans_s, _listed, _slow, fit_time, record_at
 from rnnmon.analysis.input_share import OUTLIERS_FRACTION, OUTLIERS_MIN, pipeline_wait_s, robust_share
 from rnnmon.format import schema
 from rnnmon.format.digest import (
@@ -35,16 +35,16 @@ _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
 _STAT = {name: i for i, name in enumerate(schema.STAT_COLUMNS)}
 
 
-def step_figures(digest: StepDigest, floor_s: float, cache: Any, phases: np.ndarray,
-            shapes: list[dict[str, Any]]) -> dict[str, Any]:
+def step_figures(digest: StepDigest, floor_s: float, cache: Any, phases: np.ndarray, shapes: list[dict[str, Any]],
+                 compiles: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """What a summary takes from the steps (see `rnnmon.analysis.summary.summarize`)."""
     if digest.raw is not None:
         return _exact(np.concatenate(digest.raw) if digest.raw else np.empty((0, len(schema.STEP_COLUMNS))),
-                      floor_s, cache, phases, shapes)
-    return _approximate(digest, floor_s, cache, phases, shapes)
+                      floor_s, cache, phases, shapes, compiles)
+    return _approximate(digest, floor_s, cache, phases, shapes, compiles)
 
 def _approximate(digest: StepDigest, floor_s: float, cache: Any, phases: np.ndarray,
-                 shapes: list[dict[str, Any]]) -> dict[str, Any]:
+                 shapes: list[dict[str, Any]], compiles: list[dict[str, Any]]) -> dict[str, Any]:
     duration_s, gap_s, wait_s, waited = digest.sums.tolist()
     measured = waited > 0
     floor_ms = 0.0 if math.isnan(floor_s) else 1e3 * floor_s
@@ -67,7 +67,8 @@ def _approximate(digest: StepDigest, floor_s: float, cache: Any, phases: np.ndar
         share, beyond_s = _judged_buckets(hist[1], timed[1], floor_ms)
         figures["cache_fill"] = {"stage": cache, "steps": filling_steps, "wait_s": round(beyond_s, 3),
                                  "input_share": share}
-    figures["time_s"], figures["slow_count"], figures["slow_steps"] = _fit_time(digest, floor_s, phases, shapes)
+    figures["time_s"], figures["slow_count"], figures["slow_steps"] = _fit_time(digest, floor_s, phases, shapes,
+                                                                                compiles)
     return figures
 
 def _timed(digest: StepDigest) -> np.ndarray:
@@ -89,11 +90,11 @@ def _judged_buckets(every: np.ndarray, timed: np.ndarray, floor_ms: float) -> tu
     return _robust(beyond, against, timed[0]), _scaled(float(beyond.sum()), batches, timed_batches)
 
 
-def _fit_time(digest: StepDigest, floor_s: float, phases: np.ndarray,
-              shapes: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int], list[dict[str, Any]]]:
+def _fit_time(digest: StepDigest, floor_s: float, phases: np.ndarray, shapes: list[dict[str, Any]],
+              compiles: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int], list[dict[str, Any]]]:
     """`fit_time` from the fit boundaries, the sums and the slowest steps kept, against the median read from the
-    step-time buckets; slow steps beyond those kept (more than `TOP`) are counted and timed from the buckets
-    wholly above the slow threshold, their cause unknown."""
+    step-time buckets less the steps that compiled; slow steps beyond those kept (more than `TOP`) are counted and
+    timed from the buckets wholly above the slow threshold, their cause unknown."""
     n, m = len(digest.firsts), len(digest.stretches)
     outline = np.zeros((n + m, len(schema.STEP_COLUMNS)))
     outline[:n, _S["host_gap_ms"]] = np.nan  # each fit's first step, then one row spanning each stretch
@@ -105,10 +106,10 @@ def _fit_time(digest: StepDigest, floor_s: float, phases: np.ndarray,
     top = digest.top
     begin, batches = top[:, _S["begin"]], np.maximum(top[:, _S["batches"]], 1)
     duration = top[:, _S["end"]] - begin
-    median_s = 1e-3 * quantile(digest.step_hist[0], 0.5) if digest.kept else 0.0
-    new_shape = _new_shape(begin, shapes)
+    median_s = 1e-3 * quantile(_plain_counts(digest.step_hist[0], compiles), 0.5) if digest.kept else 0.0
+    compiled = record_at(begin, compiles)
     wait = np.nan_to_num(top[:, _S["input_wait_ms"]] / 1e3)
-    excess, cause = _slow(duration, batches, pipeline_wait_s(wait, batches, floor_s), new_shape, median_s)
+    excess, cause = _slow(duration, batches, pipeline_wait_s(wait, batches, floor_s), compiled, compiles, median_s)
     recompiles, slow = float(excess[cause == "recompile"].sum()), float(excess[cause == "unknown"].sum())
     counts = {name: int((cause == name).sum()) for name in ("recompile", "input", "unknown")}
     if len(top) == TOP:  # the slow steps the top does not hold: in buckets wholly above the threshold
@@ -126,7 +127,19 @@ def _fit_time(digest: StepDigest, floor_s: float, phases: np.ndarray,
     times["unaccounted"] = times["fit"] - sum(times[part] for part in PARTS)
     times["training"] = times["fit"] - times["warmup"]
     return ({name: round(seconds, 4) for name, seconds in times.items()}, counts,
-            _listed(top, duration, excess, cause, new_shape, shapes))
+            _listed(top, duration, excess, cause, compiled, compiles, shapes))
+
+
+def _plain_counts(counts: np.ndarray, compiles: list[dict[str, Any]]) -> np.ndarray:
+    """Steps per step-time bucket, less the steps that compiled (their per-batch time from their records), so that
+    a median read from them is a normal step's even where most steps compiled; all steps where none is left."""
+    if not compiles:
+        return counts
+    per_batch_ms = np.array([1e3 * c["duration_s"] / max(c.get("batches") or 1, 1) for c in compiles])
+    plain = counts.astype(float).copy()
+    np.subtract.at(plain, bucket_of(per_batch_ms), 1)
+    plain = np.maximum(plain, 0)
+    return plain if plain.sum() > 0 else counts
 
 def _beyond(hist: np.ndarray, floor_ms: float) -> np.ndarray:
     """Per wait bucket: the wait beyond the fetch floor (s) of its steps."""
@@ -157,8 +170,8 @@ def _hist_percentiles(counts: np.ndarray) -> dict[str, float | None]:
     return {"median": round(quantile(counts, 0.5), 4), "p90": round(quantile(counts, 0.9), 4)}
 
 
-def _exact(steps: np.ndarray, floor_s: float, cache: Any, phases: np.ndarray,
-           shapes: list[dict[str, Any]]) -> dict[str, Any]:
+def _exact(steps: np.ndarray, floor_s: float, cache: Any, phases: np.ndarray, shapes: list[dict[str, Any]],
+           compiles: list[dict[str, Any]]) -> dict[str, Any]:
     """The step figures from the whole step table."""
     kept = ~np.isnan(steps[:, _S["host_gap_ms"]])  # each fit's first step: tracing, iterator creation
     column = {name: steps[:, _S[name]][kept] for name in ("begin", "end", "input_wait_ms", "host_gap_ms", "batches")}
@@ -186,7 +199,8 @@ def _exact(steps: np.ndarray, floor_s: float, cache: Any, phases: np.ndarray,
             share, wait_s = _judged(beyond, filling, whole, batches, timed)
             figures["cache_fill"] = {"stage": cache, "steps": int(filling.sum()), "wait_s": round(wait_s, 3),
                                      "input_share": share}
-    figures["time_s"], figures["slow_count"], figures["slow_steps"] = fit_time(steps, phases, shapes, floor_s)
+    figures["time_s"], figures["slow_count"], figures["slow_steps"] = fit_time(steps, phases, shapes, floor_s,
+                                                                               compiles)
     return figures
 
 

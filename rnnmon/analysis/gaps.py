@@ -38,21 +38,23 @@ def overlap_s(start: float, end: float, intervals: Iterable[tuple[float, float]]
 class PhaseIntervals:
     """Known non-compute intervals (start, end, cause index), kept while gaps may still need them.
 
-    Warm-up intervals (tracing: a fit's first step and first validation batch) are no cause and form no gap:
-    `blame` leaves their time out of the vote, so a GPU gap over tracing and validation is blamed on validation.
+    Warm-up (tracing and compiling: a fit's first step and first validation batch) and profile phases (a profiler
+    starting, or stopping and saving) are `add_unstepped`: they form no gap from step phases. In `blame` warm-up is
+    a cause of its own (the GPU idles until the first step has compiled), and profile time is left out of the vote.
     """
 
     def __init__(self) -> None:
         self._rows = np.empty((0, 3))
         self._pending: list[tuple[float, float, int]] = []
-        self._warmups: list[tuple[float, float]] = []
+        self._unstepped: dict[str, list[tuple[float, float]]] = {"warmup": [], "profile": []}
 
     def add(self, start: float, end: float, cause: str) -> None:
         if end > start:
             self._pending.append((start, end, GAP_CAUSES.index(cause)))
 
-    def add_warmup(self, start: float, end: float) -> None:
-        self._warmups.append((start, end))
+    def add_unstepped(self, start: float, end: float, kind: str) -> None:
+        """A warm-up or profile phase."""
+        self._unstepped[kind].append((start, end))
 
     def _table(self) -> np.ndarray:
         if self._pending:
@@ -70,14 +72,15 @@ class PhaseIntervals:
         rows = self._table()
         overlap = np.clip(np.minimum(rows[:, 1], end) - np.maximum(rows[:, 0], start), 0, None)
         totals = np.bincount(rows[:, 2].astype(int), weights=overlap, minlength=len(GAP_CAUSES)).astype(float)
-        warmup_s = overlap_s(start, end, self._warmups)
-        totals[GAP_CAUSES.index("other")] = max(0.0, (end - start) - totals.sum() - warmup_s)
+        totals[GAP_CAUSES.index("warmup")] = overlap_s(start, end, self._unstepped["warmup"])
+        profile_s = overlap_s(start, end, self._unstepped["profile"])
+        totals[GAP_CAUSES.index("other")] = max(0.0, (end - start) - totals.sum() - profile_s)
         return GAP_CAUSES[int(np.argmax(totals))] if totals.any() else "other"
 
     def forget_before(self, time: float) -> None:
         rows = self._table()
         self._rows = rows[rows[:, 1] >= time]
-        self._warmups = [w for w in self._warmups if w[1] >= time]
+        self._unstepped = {kind: [w for w in spans if w[1] >= time] for kind, spans in self._unstepped.items()}
 
 
 class GpuGapDetector:

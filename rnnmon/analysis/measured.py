@@ -47,13 +47,17 @@ def summary_line(summary: dict[str, Any]) -> str:
     shares = summary.get("shares", {})
     if verdict == "insufficient-data":
         return f"Only {summary['steps']} steps were recorded; train for at least {MIN_STEPS} steps for a verdict."
+    times = summary.get("time_s") or {}
+    if verdict == "compile-bound":
+        return (f"The training step was compiled again for new input shapes: {times['recompiles']:.2f} s, "
+                f"{_pct(times['recompiles'] / times['training'])} of the fit's training time: give the batches a "
+                "few fixed shapes before anything else.")
     if verdict == "input-bound":
         return (f"Steps spent {_pct(shares.get('input'))} of their time waiting for the input pipeline: "
                 "speed up the pipeline before anything else.")
     if verdict == "host-bound":
         return (f"{_pct(shares.get('host'))} of step time went to host work between steps (Python, callbacks): "
                 "the device waited for the training loop.")
-    times = summary.get("time_s") or {}
     if times.get("training") and times["recompiles"] >= RECOMPILE_SHARE * times["training"]:
         return (f"Steps compiled again for input shapes new to the fit: {times['recompiles']:.2f} s, "
                 f"{_pct(times['recompiles'] / times['training'])} of the fit's training time; the other steps keep "
@@ -191,21 +195,57 @@ def _recompile(summary: dict[str, Any]) -> list[Finding]:
                       + (f" after {_shapes(step['previous_shapes'])}" if step["previous_shapes"] else "")
                       + f", {step['excess_s']:.2f} s" for step in steps[:3])
     count = summary["slow_step_count"]["recompile"]
-    message = (f"{count} step{'s' if count > 1 else ''} met input shapes new to the fit and compiled the training "
-               f"step again ({named}{'; ...' if count > 3 else ''}): {lost:.2f} s lost beyond the median step, "
+    by = {step.get("compiled_by") for step in steps} - {None}
+    signal = f" ({', '.join(sorted(by))} compile events)" if by else ""
+    message = (f"{count} step{'s' if count > 1 else ''} compiled the training step again{signal} "
+               f"({named}{'; ...' if count > 3 else ''}): {lost:.2f} s beyond a step on shapes already seen, "
                f"{_pct(lost / training)} of the fit's training time. Without the recompiles "
                f"{training_sentence(training, training - lost)}.")
     changed = {_changed(step["previous_shapes"], step["shapes"]) for step in steps}
-    advice = []
+    fixes = summary.get("compile_fixes")
+    advice, best = [], training - lost
     if "batch" in changed:
         advice.append("Give every batch the same size: `dataset.batch(n, drop_remainder=True)` (or arrays trimmed to "
                       "a multiple of `batch_size`), or pad the last batch to the full size with zero sample weights.")
-    if "length" in changed or not advice:
-        advice.append("Bucket sequence lengths so that a few shapes compile once each: "
-                      "`dataset.bucket_by_sequence_length(...)`, or `padded_batch` to one of a few fixed lengths.")
+    if fixes is not None:
+        best = min(fixes["one_length"]["training_s"], fixes["buckets"]["training_s"])
+        advice += _length_fixes(fixes, training, summary.get("input_kind"))
+    elif "length" in changed or not advice:
+        advice.append("Give the batches a few fixed shapes: `padded_batch` to one length, or "
+                      "`bucket_by_sequence_length(..., pad_to_bucket_boundary=True, drop_remainder=True)`.")
     severity = "critical" if lost >= RECOMPILE_CRITICAL_SHARE * training else None
     return [Finding.of("RECOMPILE", "input shapes", message, " ".join(advice),
-                       training_speedup(training, training - lost), severity=severity)]
+                       training_speedup(training, best), severity=severity)]
+
+
+def _length_fixes(fixes: dict[str, Any], training: float, input_kind: str | None) -> list[str]:
+    """The advice for each of the two fixes (rnnmon.analysis.compile_advice), with its prediction; a fix the
+    pipeline has already made is not advised again."""
+    one, buckets = fixes["one_length"], fixes["buckets"]
+    shortest, longest = fixes["lengths"]
+    tf_data = input_kind in (None, "tf.data")
+
+    def predicted(fix: dict[str, Any]) -> str:
+        return (f"predicted {fix['training_s']:.1f} s instead of {training:.1f} s after the warm-up, "
+                f"{training_speedup(training, fix['training_s']):.2f}x")
+
+    pad = (f"`padded_batch(n, padded_shapes=(({one['length']},), ()), drop_remainder=True)`" if tf_data
+           else f"pad every batch to length {one['length']}")
+    advice = [f"Pad every batch to one length ({pad}; lengths seen {shortest}-{longest}): one compile, every step "
+              f"at the longest length, {predicted(one)}."]
+    boundaries = ", ".join(str(length + 1) for length in buckets["lengths"])  # each pads to its boundary - 1
+    bucket_call = (f"`bucket_by_sequence_length(length_fn, bucket_boundaries=[{boundaries}], "
+                   f"bucket_batch_sizes=[n] * {len(buckets['lengths']) + 1}, pad_to_bucket_boundary=True, "
+                   "drop_remainder=True)`")
+    if fixes.get("batching") == "bucket_by_sequence_length":
+        advice.append("The pipeline buckets already (bucket_by_sequence_length), yet its batches still come in many "
+                      "shapes: pass `pad_to_bucket_boundary=True` and `drop_remainder=True`, so that each bucket has "
+                      "one shape and compiles once.")
+    elif len(buckets["lengths"]) > 1:
+        how = bucket_call if tf_data else f"batches of similar lengths, each padded to one of {buckets['lengths']}"
+        advice.append(f"Or bucket by length ({how}): {buckets['compiles']} compiles, each step at its bucket's "
+                      f"boundary, {predicted(buckets)}.")
+    return advice
 
 
 def _shapes(shapes: list | None) -> str:
@@ -254,7 +294,7 @@ def _low_work(summary: dict[str, Any]) -> list[Finding]:
 
 
 def _eval_idle(summary: dict[str, Any]) -> list[Finding]:
-    idle_s = summary["idle_by_cause_s"].get("eval", 0.0)
+    idle_s = summary["idle_by_cause_s"].get("eval", 0.0) + summary["idle_by_cause_s"].get("epoch_end", 0.0)
     training = summary["time_s"]["training"]
     if not summary["gpus"] or not training or idle_s / training < EVAL_IDLE_SHARE:
         return []

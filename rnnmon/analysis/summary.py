@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from rnnmon.analysis.callback_time import callback_hooks_s, callback_ms_per_step
+from rnnmon.analysis.compile_advice import compile_fixes
 from rnnmon.analysis.digest_figures import device_figures, step_figures
 from rnnmon.analysis.fit_time import training_without
 from rnnmon.analysis.imbalance import device_imbalance
@@ -59,7 +60,7 @@ def summarize(run: RunData) -> dict[str, Any]:
                for k, kind in enumerate(schema.PHASE_KINDS)}
     floor_s = float(run.info.get("fetch_floor_ms") or math.nan) / 1e3
     cache = run.info.get("input_cache")  # where the pipeline caches: its first epoch fills the cache
-    steps = step_figures(digest.steps, floor_s, cache, run.phases, run.shapes)
+    steps = step_figures(digest.steps, floor_s, cache, run.phases, run.shapes, run.compiles)
     measured = steps["measured"]
     step_total = steps["duration_s"] + steps["gap_s"]
     wall = step_total + phase_s["eval"] + phase_s["epoch_end"]
@@ -113,7 +114,10 @@ def summarize(run: RunData) -> dict[str, Any]:
     summary["input_speedup"] = (None if without_wait is None
                                 else training_speedup(summary["time_s"]["training"], without_wait))
     input_wait_s = (summary["shares"]["input"] or 0.0) * step_total  # beyond the fetch floor, robust
-    summary["verdict"] = verdict(steps["kept"], input_wait_s, steps["gap_s"], step_total)
+    summary["compile_fixes"] = compile_fixes(run.shape_steps, run.compiles, summary["time_s"],
+                                             run.info.get("input_batching"))
+    summary["verdict"] = verdict(steps["kept"], input_wait_s, steps["gap_s"], step_total,
+                                 summary["time_s"]["recompiles"], summary["time_s"]["training"])
     recorded = in_measured_context([Finding(**f) for f in run.findings if isinstance(f, dict) and _is_finding(f)],
                                    summary)
     dynamic = measured_findings(summary) + device_imbalance(summary)

@@ -236,6 +236,22 @@ def cache_stage(data: Any) -> str | None:
     return f"{WHERE}/CacheDataset[{cached[-1]}]" if cached else None
 
 
+def batching_stage(data: Any) -> str | None:
+    """How the training input `data` shapes its batches' lengths, nearest the output: "bucket_by_sequence_length"
+    (a group_by_window stage: what it builds), "padded_batch", or None (not tf.data, or neither). The recompile
+    advice reads it, so that a fix already made is not advised again."""
+    dataset = _tf_dataset(data)
+    if dataset is None:
+        return None
+    names = {"GroupByWindowDataset": "bucket_by_sequence_length", "PaddedBatchDataset": "padded_batch"}
+    order, _ = _walk(dataset)
+    for node in reversed(order):
+        name = names.get(type(node).__name__.lstrip("_"))
+        if name:
+            return name
+    return None
+
+
 def _prefetch(pipeline: _Pipeline) -> list[Finding]:
     last = pipeline.last()
     if last.kind == "PrefetchDataset":

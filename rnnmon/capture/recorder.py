@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rnnmon.analysis.gaps import DeviceBusy, Gap, GpuGapDetector, PhaseIntervals, StepGapDetector
+from rnnmon.capture.compiles import ShapeSteps, shape_list
 from rnnmon.format import schema
 from rnnmon.format.writer import SummaryWriter
 from rnnmon.gpu.sampler import Sampler
@@ -41,6 +42,8 @@ class Recorder:
         self._steps: collections.deque[StepRow] = collections.deque()
         self._phases: collections.deque[tuple[int, float, float]] = collections.deque()
         self._shapes: collections.deque[tuple[int, float, Any]] = collections.deque()
+        self._compiles: collections.deque[tuple[int, int, float, float, int, float, str, Any]] = collections.deque()
+        self.shape_steps = ShapeSteps()  # what each input shape's steps cost (add on the training thread)
         self._intervals = PhaseIntervals()
         devices = sampler.describe() if sampler else []
         self._device_info = {d["index"]: d for d in devices}
@@ -69,6 +72,12 @@ class Recorder:
         """The step beginning at `begin` is the first of the fit with these input shapes (rare: a few per fit)."""
         self._shapes.append((step, begin, shapes))
 
+    def add_compile(self, step: int, batches: int, begin: float, end: float, count: int, seconds: float,
+                    source: str, shapes: tuple | None) -> None:
+        """The step from `begin` to `end` (of `batches` batches) compiled `count` times, by the framework's own
+        signal `source` (rnnmon.capture.compiles), for `seconds` where the framework timed it (else NaN)."""
+        self._compiles.append((step, batches, begin, end, count, seconds, source, shapes))
+
     # --- background thread (or the training thread once the background thread has stopped) ---------------
     def flush(self, horizon: float, final: bool = False) -> None:
         """Write everything buffered; gaps are closed up to `horizon` (all of them when `final`)."""
@@ -76,14 +85,20 @@ class Recorder:
             steps = _drain(self._steps)
             phases = _drain(self._phases)
             shapes = _drain(self._shapes)
+            compiles = _drain(self._compiles)
+            shape_steps = self.shape_steps.drain()
             util, stats, host = self._sampler.drain() if self._sampler else ({}, {}, [])
             self._remember_intervals(steps, phases)
             gaps = self._find_gaps(util, horizon, final)
             chunk = {"steps": steps, "phases": phases, "util": util, "stats": stats, "host": host, "gaps": gaps,
-                     "fetch_floor_s": self.fetch_floor_s}
+                     "fetch_floor_s": self.fetch_floor_s, "compiles": compiles}
             self._write(chunk)
             if shapes:
                 self._writer.json(schema.SHAPES_TAG, [_shape_record(row, self._offset) for row in shapes])
+            if compiles:
+                self._writer.json(schema.COMPILES_TAG, [_compile_record(row, self._offset) for row in compiles])
+            if shape_steps:
+                self._writer.json(schema.SHAPE_STEPS_TAG, shape_steps)
             if self._on_chunk is not None:
                 self._on_chunk(chunk)
             self._writer.flush()
@@ -95,10 +110,11 @@ class Recorder:
             if wait_s == wait_s:
                 self._intervals.add(begin, begin + wait_s, "input")
         for kind, start, end in phases:
-            if schema.PHASE_KINDS[kind] not in ("warmup", "profile"):
-                self._intervals.add(start, end, "eval")
-            else:  # tracing, or a profiler starting or saving: left out of the blame
-                self._intervals.add_warmup(start, end)
+            name = schema.PHASE_KINDS[kind]
+            if name in ("warmup", "profile"):  # tracing and compiling; a profiler starting or saving
+                self._intervals.add_unstepped(start, end, name)
+            else:
+                self._intervals.add(start, end, name)
 
     def _find_gaps(self, util: dict[int, list[tuple[float, float]]], horizon: float,
                    final: bool) -> list[tuple[int, Gap]]:
@@ -175,9 +191,15 @@ class Recorder:
 
 def _shape_record(row: tuple[int, float, Any], offset: float) -> dict[str, Any]:
     step, begin, shapes = row
-    return {"step": step, "time": begin + offset,
-            "shapes": [None if shape is None else [size if isinstance(size, int) else None for size in shape]
-                       for shape in shapes]}
+    return {"step": step, "time": begin + offset, "shapes": shape_list(shapes)}
+
+
+def _compile_record(row: tuple[int, int, float, float, int, float, str, Any], offset: float) -> dict[str, Any]:
+    step, batches, begin, end, count, seconds, source, shapes = row
+    return {"step": step, "batches": batches, "time": begin + offset, "duration_s": round(end - begin, 6),
+            "count": count,
+            "seconds": None if seconds != seconds else round(seconds, 6), "source": source,
+            "shapes": None if shapes is None else shape_list(shapes)}
 
 
 def _drain(queue: collections.deque) -> list:

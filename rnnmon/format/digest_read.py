@@ -42,6 +42,7 @@ from rnnmon.format.index import (
 from rnnmon.format.reader import TAIL_GRACE_S, RunData, RunReader, Stored, decode_chunks
 
 DOCUMENT_TAGS = frozenset({schema.RUN_TAG, schema.FINDINGS_TAG, schema.ALERTS_TAG, schema.SHAPES_TAG,
+                           schema.COMPILES_TAG, schema.SHAPE_STEPS_TAG,
                            schema.PHASES_TAG})
 _MARKS = tuple(tag.encode() for tag in (schema.STEPS_TAG, schema.GAPS_TAG, schema.UTIL_TAG_PREFIX,
                                         schema.STATS_TAG_PREFIX))

@@ -79,6 +79,11 @@ class RunData:
     findings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     alerts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     shapes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # {"step", "time", "shapes"}
+    # The steps that compiled, by the framework's signal: {"step", "batches", "time", "duration_s", "count", "seconds",
+    # "source", "shapes"}; and per input shape its steps' cost, one record per chunk: {"shapes", "steps",
+    # "plain_steps", "plain_s"} (rnnmon.capture.compiles)
+    compiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    shape_steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     last_write: float = 0.0
     errors: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # read, but worth knowing: files that overlap
@@ -491,6 +496,9 @@ class RunReader:
         out.findings = findings[-1][1] if findings else []
         out.alerts = [alert for _, chunk in self._documents.get(schema.ALERTS_TAG, []) for alert in chunk]
         out.shapes = [record for _, chunk in self._documents.get(schema.SHAPES_TAG, []) for record in chunk]
+        out.compiles = [record for _, chunk in self._documents.get(schema.COMPILES_TAG, []) for record in chunk]
+        out.shape_steps = [record for _, chunk in self._documents.get(schema.SHAPE_STEPS_TAG, [])
+                           for record in chunk]
         for tag, table in self._tables.items():
             device = schema.device_of(tag)
             if device is not None:
@@ -762,8 +770,28 @@ def _check_shape(item: Any) -> None:
         raise InvalidRecord(f"input shapes that are not lists of sizes: {str(shapes)!r:.60}")
 
 
+def _check_compile(item: Any) -> None:
+    """{"step", "time", "duration_s", "count", "seconds", "source", "shapes"} (rnnmon.capture.compiles)."""
+    if not isinstance(item, dict) or not all(_is_number(item.get(key)) for key in ("step", "time", "duration_s",
+                                                                                   "count")):
+        raise InvalidRecord(f"a compile record without a step, time, duration and count: {str(item)!r:.60}")
+    if not (item.get("seconds") is None or _is_number(item["seconds"])) or not isinstance(item.get("source"), str):
+        raise InvalidRecord(f"a compile record whose seconds or source are off: {str(item)!r:.60}")
+    if item.get("shapes") is not None:
+        _check_shape({"step": 0, "time": 0, "shapes": item["shapes"]})
+
+
+def _check_shape_steps(item: Any) -> None:
+    """{"shapes", "steps", "plain_steps", "plain_s"}: one input shape's steps in a chunk and what they cost."""
+    if not isinstance(item, dict) or not all(_is_number(item.get(key)) for key in ("steps", "plain_steps",
+                                                                                   "plain_s")):
+        raise InvalidRecord(f"a shape's steps without their counts and cost: {str(item)!r:.60}")
+    _check_shape({"step": 0, "time": 0, "shapes": item.get("shapes")})
+
+
 _DOCUMENT_CHECKS = {schema.FINDINGS_TAG: _check_finding, schema.ALERTS_TAG: _check_alert,
-                    schema.SHAPES_TAG: _check_shape}
+                    schema.SHAPES_TAG: _check_shape, schema.COMPILES_TAG: _check_compile,
+                    schema.SHAPE_STEPS_TAG: _check_shape_steps}
 
 
 

@@ -40,6 +40,8 @@ GAPS_TAG = series.GAPS_TAG
 FINDINGS_TAG = "rnnmon/findings"  # JSON string: the latest list of findings
 ALERTS_TAG = "rnnmon/alerts"  # JSON string: alert records, appended per chunk
 SHAPES_TAG = "rnnmon/shapes"  # JSON string: the steps whose batch had an input shape new to the fit, per chunk
+COMPILES_TAG = "rnnmon/compiles"  # JSON string: the steps that compiled, by the framework's own signal, per chunk
+SHAPE_STEPS_TAG = "rnnmon/shape_steps"  # JSON string: per input shape, its steps and their cost, per chunk
 UTIL_TAG_PREFIX = series.UTIL_PREFIX  # + NVML index
 STATS_TAG_PREFIX = series.STATS_PREFIX  # + NVML index
 
@@ -51,7 +53,10 @@ UTIL_COLUMNS = series.UTIL.columns
 STAT_COLUMNS = series.STATS.columns
 HOST_COLUMNS = series.HOST.columns
 GAP_COLUMNS = series.GAPS.columns
-GAP_CAUSES = ("input", "host", "eval", "other", "sync")  # sync: another GPU of the process computed
+# Append only: a cause is stored as its index. sync: another GPU of the process computed; warmup: a fit's first step
+# or first validation batch (tracing, compiling); epoch_end: between an epoch's last step (or its validation) and the
+# next epoch's first. Runs recorded before the last two count epoch boundaries as "eval" and warm-up as no cause.
+GAP_CAUSES = ("input", "host", "eval", "other", "sync", "warmup", "epoch_end")
 STEP_DEVICE = -1  # the `device` of a gap derived from step phases (no GPU)
 
 

@@ -127,3 +127,20 @@ def test_the_live_verdict_judges_a_sampled_wait_on_the_timed_executions():
     exporter.on_chunk({"steps": rows, "util": {}, "gaps": [], "fetch_floor_s": 0.0})
     labels = {"job": "rnnmon", "worker": "0", "verdict": "input-bound"}
     assert exporter.registry.get_sample_value("rnnmon_verdict", labels) == 1.0
+
+
+def test_the_live_verdict_counts_compiles_as_the_report_does():
+    """Two steps in three compile for 0.5 s (a new sequence length under XLA): the median step is a compile."""
+    from rnnmon.alerts.prometheus import PrometheusExporter
+
+    exporter = PrometheusExporter()
+    rows, compiles, now = [], [], 0.0
+    for k in range(30):
+        seconds = 0.502 if k % 3 != 2 else 0.002
+        rows.append((k + 1, 0, now, now + seconds, 0.0, 0.0, 1))
+        if seconds > 0.1:
+            compiles.append((k + 1, 1, now, now + seconds, 1, float("nan"), "xla", None))
+        now += seconds
+    exporter.on_chunk({"steps": rows, "util": {}, "gaps": [], "compiles": compiles})
+    labels = {"job": "rnnmon", "worker": "0", "verdict": "compile-bound"}
+    assert exporter.registry.get_sample_value("rnnmon_verdict", labels) == 1.0

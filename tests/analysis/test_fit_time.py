@@ -25,16 +25,21 @@ class Fit:
         self.steps: list[tuple] = []
         self.phases: list[tuple] = [(WARMUP, start, start + warmup_s)]
         self.shapes: list[dict] = [{"step": 1, "time": start + warmup_s - 0.1, "shapes": FULL}]
+        self.compiles: list[dict] = []  # the steps that compiled, as rnnmon.capture.compiles reports them
         self.steps.append((1, 0, start + warmup_s - 0.1, start + warmup_s, 0.1, np.nan, 1))
         self.now = start + warmup_s
 
     def step(self, duration_s: float = STEP_S, wait_s: float = 0.0001, shapes: list | None = None,
-             hole_s: float = 0.0, gap_s: float = GAP_S) -> None:
+             hole_s: float = 0.0, gap_s: float = GAP_S, compiled: float | bool | None = False) -> None:
+        """`compiled`: False, or a compile event's measured seconds (None: the framework did not time it)."""
         begin = self.now + gap_s + hole_s  # a hole: time before the step that no record holds
         number = self.steps[-1][0] + 1
         self.steps.append((number, 0, begin, begin + duration_s, 1e3 * wait_s, 1e3 * gap_s, 1))
         if shapes is not None:
             self.shapes.append({"step": number, "time": begin, "shapes": shapes})
+        if compiled is not False:
+            self.compiles.append({"step": number, "batches": 1, "time": begin, "duration_s": duration_s, "count": 1,
+                                  "seconds": compiled, "source": "jax", "shapes": shapes})
         self.now = begin + duration_s
 
     def phase(self, kind: int, seconds: float) -> None:
@@ -50,6 +55,8 @@ def _write(run_dir, fits: list[Fit]) -> dict:
         writer.table(schema.STEPS_TAG, fit.steps)
         writer.table(schema.PHASES_TAG, fit.phases)
         writer.json(schema.SHAPES_TAG, fit.shapes)
+        if fit.compiles:
+            writer.json(schema.COMPILES_TAG, fit.compiles)
     writer.close()
     return summarize(read_run(str(run_dir)))
 
@@ -103,7 +110,7 @@ def test_time_no_record_holds_is_unaccounted(tmp_path):
 
 def test_a_step_on_new_shapes_that_compiled_again_is_a_recompile_with_its_shapes_and_fix(tmp_path):
     fit = Fit(T0)
-    _epoch(fit, last={"duration_s": 0.9, "shapes": PARTIAL})  # JAX compiles the partial batch's step
+    _epoch(fit, last={"duration_s": 0.9, "shapes": PARTIAL, "compiled": None})  # compiles the partial batch
     _epoch(fit)  # the next epoch's partial batch reuses that program
     for _ in range(3):
         fit.step(duration_s=0.2, wait_s=0.19)  # waited for the pipeline: an input stall
@@ -124,21 +131,55 @@ def test_a_step_on_new_shapes_that_compiled_again_is_a_recompile_with_its_shapes
     assert f"this fit would take {without:.1f} s instead of {times['training']:.1f} s after its warm-up" in (
         finding["message"])
     assert "drop_remainder=True" in finding["advice"] and "bucket" not in finding["advice"]
-    assert summary["summary"].startswith("Steps compiled again for input shapes new to the fit: 0.90 s")
+    assert summary["verdict"] == "compile-bound"
+    assert summary["summary"].startswith("The training step was compiled again for new input shapes: 0.90 s")
 
 
-def test_a_new_sequence_length_gets_the_bucketing_fix(tmp_path):
+def test_a_new_sequence_length_gets_both_fixes(tmp_path):
     fit = Fit(T0)
-    _epoch(fit, last={"duration_s": 1.5, "shapes": LONGER})
+    _epoch(fit, last={"duration_s": 1.5, "shapes": LONGER, "compiled": None})
     summary = _write(tmp_path, [fit])
     [finding] = [f for f in summary["findings"] if f["code"] == "RECOMPILE"]
-    assert "bucket_by_sequence_length" in finding["advice"] and "drop_remainder" not in finding["advice"]
+    assert "padded_batch" in finding["advice"] and "pad_to_bucket_boundary=True" in finding["advice"]
+    assert "dataset.batch(n, drop_remainder=True)" not in finding["advice"]
+
+
+def test_a_slow_step_on_new_shapes_without_a_compile_event_is_no_recompile(tmp_path):
+    """TensorFlow without XLA traced once for every length: a longer sequence is a longer step, not a compile."""
+    fit = Fit(T0)
+    _epoch(fit, last={"duration_s": 0.9, "shapes": LONGER})
+    summary = _write(tmp_path, [fit])
+    assert summary["slow_step_count"]["recompile"] == 0 and summary["time_s"]["recompiles"] == 0
+    assert summary["slow_steps"][0]["cause"] == "unknown"
+    assert "RECOMPILE" not in {f["code"] for f in summary["findings"]}
+
+
+def test_where_most_steps_compile_a_normal_step_is_one_on_shapes_already_seen(tmp_path):
+    """The median of all steps would be a compile; the steps that compiled nothing are the baseline."""
+    fit = Fit(T0)
+    for index in range(30):
+        new = index % 3 != 2  # two steps in three meet a new length and compile for 0.5 s
+        fit.step(duration_s=0.5 + STEP_S if new else STEP_S, compiled=None if new else False,
+                 shapes=[[32, 10 + index, 8], [32, 1]] if new else None)
+    summary = _write(tmp_path, [fit])
+    times = summary["time_s"]
+    assert summary["slow_step_count"]["recompile"] == 20
+    assert times["recompiles"] == pytest.approx(20 * 0.5, abs=1e-3) and times["slow_steps"] == 0
+    assert summary["verdict"] == "compile-bound"
+
+
+def test_a_compile_timed_by_the_framework_counts_its_own_seconds(tmp_path):
+    fit = Fit(T0)
+    _epoch(fit, last={"duration_s": 0.9, "shapes": LONGER, "compiled": 0.6})  # JAX: 0.6 s compiling, 0.3 s more
+    summary = _write(tmp_path, [fit])
+    assert summary["time_s"]["recompiles"] == pytest.approx(0.6)
+    assert summary["time_s"]["slow_steps"] == 0
 
 
 def test_new_shapes_that_compiled_nothing_or_little_are_no_finding(tmp_path):
     fit = Fit(T0)
     _epoch(fit, 400, last={"shapes": PARTIAL})  # TensorFlow without XLA: one trace serves every batch size
-    fit.step(duration_s=0.03, shapes=LONGER)  # compiled again, but 1% of the fit
+    fit.step(duration_s=0.03, shapes=LONGER, compiled=None)  # compiled again, but 1% of the fit
     summary = _write(tmp_path, [fit])
     assert summary["slow_step_count"]["recompile"] == 1
     assert "RECOMPILE" not in {f["code"] for f in summary["findings"]}

@@ -29,3 +29,20 @@ def test_trials_of_one_search_are_compared_and_other_runs_left_out(tmp_path):
     assert group["speedup"] == round(rows["0"]["epoch_s"] / rows["1"]["epoch_s"], 2) > 1.5
     text = render_text(report)
     assert "Trials of search lstm (2)" in text and "input-bound: trial 0\n" in text and "units=32" in text
+
+
+def test_a_ranking_on_too_few_steps_says_so(tmp_path):
+    write_gpu_run(str(tmp_path / "trial_0" / "rnnmon"), chunks=20, info=_trial("0", units=8))  # 100 steps
+    write_gpu_run(str(tmp_path / "trial_1" / "rnnmon"), chunks=4, steps_per_chunk=3, info=_trial("1", units=32))
+    [group] = build_report(str(tmp_path))["trials"]
+    assert [row["steps"] for row in group["trials"]] == [99, 11]  # after the warm-up step
+    assert group["caveat"].startswith("ranked on too few steps: trial 1 (11) ran fewer than 50 steps after warm-up")
+    assert f"  caveat: {group['caveat']}" in render_text(build_report(str(tmp_path)))
+
+
+def test_trials_that_ran_long_enough_are_ranked_without_a_caveat(tmp_path):
+    for trial_id in ("0", "1"):
+        write_gpu_run(str(tmp_path / f"trial_{trial_id}" / "rnnmon"), chunks=12, info=_trial(trial_id))
+    [group] = build_report(str(tmp_path))["trials"]
+    assert group["fastest"] is not None and group["caveat"] is None
+    assert "caveat" not in render_text(build_report(str(tmp_path)))

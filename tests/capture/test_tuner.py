@@ -28,11 +28,11 @@ SEARCH = textwrap.dedent("""
             return tiny_model(units=hp.Choice("units", [8, 16]))
 
         def fit(self, hp, model, **kwargs):  # the trial with stall_ms=20 waits for its input
-            data = stalled_dataset(30, hp.Choice("stall_ms", [0, 20]) / 1e3)
+            data = stalled_dataset(int(sys.argv[4]), hp.Choice("stall_ms", [0, 20]) / 1e3)
             return model.fit(data, **kwargs)
 
     with library_missing():  # CPU-only mode, also on a machine with a GPU
-        tuner = kt.GridSearch(StallSearch(), objective="loss", max_trials=4, directory=sys.argv[3],
+        tuner = kt.GridSearch(StallSearch(), objective="loss", max_trials=int(sys.argv[5]), directory=sys.argv[3],
                               project_name="stall", overwrite=True)
         tuner.search(epochs=2, verbose=0, callbacks=[rnnmon.UtilizationMonitor(sys.argv[1], audit=False)])
         tiny_model().fit(stalled_dataset(12), verbose=0,  # another monitor in the same process
@@ -45,12 +45,9 @@ SEARCH = textwrap.dedent("""
 def test_search_writes_a_run_per_trial_and_the_report_compares_them(tmp_path):
     pytest.importorskip("keras_tuner")
     logdir = tmp_path / "logs"
-    result = subprocess.run([sys.executable, "-c", SEARCH, str(logdir), TESTS, str(tmp_path / "tuner")],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    trials = json.loads(result.stdout.strip().splitlines()[-1])
+    trials, stderr = _search(tmp_path, batches=30, trials=4)
     assert len(trials) == 4
-    assert result.stderr.count("CPU-only mode") == 1, result.stderr[-3000:]  # once per process, not per trial/monitor
+    assert stderr.count("CPU-only mode") == 1, stderr[-3000:]  # once per process, not per trial/monitor
 
     assert sorted(p.name for p in logdir.iterdir()) == sorted(f"trial_{t}" for t in trials)
     for trial_id, values in trials.items():
@@ -65,10 +62,32 @@ def test_search_writes_a_run_per_trial_and_the_report_compares_them(tmp_path):
     assert group["input_bound"] == stalled
     assert group["fastest"] not in stalled and group["slowest"] in stalled
     assert group["speedup"] > 2  # a 20 ms wait on a ~2 ms step
+    assert group["caveat"] is None  # 59 steps a trial after its warm-up
     text = render_text(report)
     assert "Trials of search stall (4)" in text
     assert f"input-bound: {', '.join(f'trial {t}' for t in stalled)}" in text
     assert f"fastest: trial {group['fastest']}, {group['speedup']:.2f}x less time per epoch" in text
+
+
+@pytest.mark.slow  # a search of two trials in a process of its own: ~10 s
+def test_a_search_of_short_trials_is_ranked_with_a_caveat(tmp_path):
+    """Issue 26: a Hyperband search was ranked on 11-step trials with no caveat."""
+    pytest.importorskip("keras_tuner")
+    trials, _ = _search(tmp_path, batches=6, trials=2)  # 2 epochs of 6 batches: 11 steps after the warm-up
+    [group] = build_report(str(tmp_path / "logs"))["trials"]
+    assert [row["steps"] for row in group["trials"]] == [11, 11]
+    assert group["fastest"] is not None
+    names = ", ".join(f"trial {t} (11)" for t in sorted(trials))
+    assert group["caveat"].startswith(f"ranked on too few steps: {names} ran fewer than 50 steps after warm-up")
+    assert f"caveat: {group['caveat']}" in render_text(build_report(str(tmp_path / "logs")))
+
+
+def _search(tmp_path, *, batches: int, trials: int) -> tuple[dict, str]:
+    """Runs SEARCH into tmp_path/logs: the trials' hyperparameters by id, and the process's stderr."""
+    result = subprocess.run([sys.executable, "-c", SEARCH, str(tmp_path / "logs"), TESTS, str(tmp_path / "tuner"),
+                             str(batches), str(trials)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
 
 @pytest.mark.usefixtures("no_nvml")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -36,6 +37,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 PLOT = "document.getElementById('rm-plot')"
+CPU_ROW = "Non-compute gaps (no GPU)"  # the top row's title where no run shown has a GPU
 FLEET = 14  # workers of the job "sweep"
 WORKER_ROWS = "#rm-workers tbody tr:not(.rm-worker-left-out)"
 GPU_RUN = "gpu <img src=x onerror=window.pwned=1>"  # markup in a run name must show as text, never run
@@ -235,6 +237,9 @@ def test_demo_runs_side_by_side(tab):
     assert not any("utilization" in t["name"] for t in traces)  # the demo runs on the CPU
     annotations = frame.evaluate(f"() => {PLOT}.layout.annotations.map((a) => a.text)")
     assert annotations.count("No GPU seen by NVML: bands are non-compute gaps from step timing") == 2
+    # no GPU: the top row is no 0-100% utilization axis (issue 26: its idle bands read like a busy GPU)
+    top = frame.evaluate(f"() => {PLOT}.layout.yaxis")
+    assert top["title"]["text"] == CPU_ROW and top["showticklabels"] is False and top["tickvals"] == [], top
     cards = frame.locator(".rm-card")
     assert "input-bound" in cards.nth(0).inner_text() and "compute-bound" in cards.nth(1).inner_text()
     # findings, most severe first, with their code and (for the first, open) their fix
@@ -246,6 +251,13 @@ def test_demo_runs_side_by_side(tab):
     assert "INPUT_BOUND" in text and "Waiting for the input pipeline" in text and "Fix: " in text
     assert "has no num_parallel_calls" in text and "PIPELINE_SERIAL_MAP" in text  # the serial map
     assert "calls Python through EagerPyFunc" in text and "PIPELINE_PY_FUNCTION" in text  # the py_function
+    # the card's input wait is the share the finding states, labelled as one (issue 26: 65.5% of training time on
+    # the card, 72% of step time in the finding)
+    tile = input_bound.locator(".rm-tile").filter(has_text="Input wait")
+    assert tile.locator(".rm-tile-note").inner_text() == "of step time"
+    finding = input_bound.locator(".rm-finding[data-code='INPUT_BOUND'] .rm-finding-text").inner_text()
+    stated = re.search(r"is (\d+)% of step time", finding)
+    assert stated and round(float(tile.locator(".rm-tile-value").inner_text().rstrip("%"))) == int(stated[1]), finding
     assert "INPUT_BOUND" not in tuned.inner_text() and "INPUT_BOUND" not in tuned.locator(".rm-finding").evaluate_all(
         codes)
     assert "No alerts in the runs shown" in frame.locator("#rm-alerts").inner_text()
@@ -406,6 +418,32 @@ def test_the_data_is_read_while_plotly_loads(browser, tensorboard):
         plot = frame.locator("#rm-plot")
         assert plot.evaluate("(plot) => plot.data.length") == traces  # the same figure
         assert not frame.locator("#rm-plot canvas.rm-preview").count()  # replaced
+    finally:
+        page.close()
+
+
+def test_a_cpu_only_run_has_no_utilization_axis_in_the_first_view_either(browser, tensorboard):
+    # Issue 26: without a GPU the top row was "GPU util (%)" filled with idle bands, in the canvas preview too.
+    page, held, _ = _tab_holding(browser, tensorboard, "plotly.min.js")
+    try:
+        frame = next(f for f in page.frames if "plugin_entry.html" in f.url)
+        frame.wait_for_selector("#rm-plot canvas.rm-preview[data-traces]", timeout=30_000)
+        frame.evaluate("""() => { window.drawnText = [];  // what the canvas writes from now on
+            const fillText = CanvasRenderingContext2D.prototype.fillText;
+            CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+              window.drawnText.push(String(text)); return fillText.call(this, text, ...rest); }; }""")
+        frame.select_option("#rm-run-a", "input_bound/rnnmon")
+        frame.select_option("#rm-run-b", "")
+        frame.wait_for_function(f"() => window.drawnText.includes({json.dumps(CPU_ROW)})", timeout=30_000)
+        drawn = frame.evaluate("() => window.drawnText")
+        assert not any("GPU util" in text for text in drawn), drawn
+        assert not frame.locator("#rm-plot .main-svg").count()  # the preview, before plotly
+        for route in held:
+            route.continue_()
+        frame.wait_for_selector("#rm-plot .main-svg", state="attached", timeout=30_000)
+        frame.wait_for_function(f"() => {PLOT}.layout && {PLOT}.layout.yaxis.title.text === {json.dumps(CPU_ROW)}",
+                                timeout=30_000)
+        assert frame.evaluate(f"() => {PLOT}.layout.yaxis.showticklabels") is False
     finally:
         page.close()
 

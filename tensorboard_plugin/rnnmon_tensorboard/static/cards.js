@@ -55,9 +55,11 @@ function card(run, result) {
   node.append(tiles([
     ["GPU idle", gpuIdle.length ? pct(gpuIdle.reduce((a, b) => a + b, 0) / gpuIdle.length) : (s.gpus.length ? "n/a" : "no GPU"),
       gpuIdle.length ? "of utilization samples" : noUtil],
-    ["Input wait", s.input_wait_fraction === null ? "n/a" : pct(s.input_wait_fraction),
-      s.input_wait_fraction === null ? s.input_wait_measured : "of training time"],
-    ["Host gaps", pct(s.host_gap_fraction), "of training time"],
+    // The shares the verdict and the findings (INPUT_BOUND, HOST_BOUND) state: of step time (step + host gap),
+    // input wait beyond what fetching a ready batch costs.
+    ["Input wait", s.shares.input === null ? "n/a" : pct(s.shares.input),
+      s.shares.input === null ? s.input_wait_measured : "of step time"],
+    ["Host gaps", s.shares.host === null ? "n/a" : pct(s.shares.host), "of step time"],
     ["Median step", s.step_ms.median === null ? "n/a" : `${fixed(s.step_ms.median, 2)} ms`,
       s.step_ms.p90 === null ? "" : `p90 ${fixed(s.step_ms.p90, 2)} ms`],
   ]));

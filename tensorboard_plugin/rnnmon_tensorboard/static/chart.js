@@ -1,7 +1,8 @@
 // The tab's chart: one plotly figure whose subplots share a time axis, a column per compared run.
 //
 // A column has a utilization row per GPU with that GPU's idle gaps as bands, then step time (input wait + compute)
-// and host gaps. Phases (validation, epoch ends, warm-up) shade the column, the saved gpu_util_low threshold is a
+// and host gaps. Where no run shown measured a GPU's utilization (no GPU seen by NVML), the top row is the
+// non-compute gaps found from step timing, on an axis without percentages: nothing there reads as a busy GPU. Phases (validation, epoch ends, warm-up) shade the column, the saved gpu_util_low threshold is a
 // dashed line on each utilization row, and the run's alerts are red bands with a lane above 100% that carries
 // their hover text. Names from runs reach plotly only through `plotlyText`, which escapes markup.
 //
@@ -26,6 +27,8 @@ const CAUSES = {
   eval: {label: "validation", color: "rgba(20, 184, 166, 0.45)"},
   other: {label: "unexplained", color: "rgba(100, 116, 139, 0.45)"},
   sync: {label: "waiting for another GPU", color: "rgba(225, 29, 72, 0.45)"},
+  warmup: {label: "warm-up (tracing, compiling)", color: "rgba(148, 163, 184, 0.55)"},
+  epoch_end: {label: "epoch end", color: "rgba(99, 102, 241, 0.45)"},
 };
 const PHASES = {
   eval: {label: "validation phase", color: "rgba(20, 184, 166, 0.10)"},
@@ -115,7 +118,13 @@ function axisId(prefix, n) {
 }
 
 // One utilization row per GPU (as many as the run with the most GPUs), on the shared time axis, then STEP_ROWS.
+// Without a measured utilization in any column, one row of non-compute gaps (`measured: false`).
 function chartRows(columns) {
+  const gpus = columns.flatMap((result) => result.timeline.gpus);
+  if (!gpus.some(measured)) {
+    return [{title: gpus.length ? "Non-compute gaps (no util.)" : "Non-compute gaps (no GPU)",
+      domain: GPU_DOMAIN, gpu: true, measured: false}, ...STEP_ROWS];
+  }
   const count = Math.max(1, ...columns.map((result) => result.timeline.gpus.length));
   const [lo, hi] = GPU_DOMAIN;
   const gap = 0.02;
@@ -123,8 +132,12 @@ function chartRows(columns) {
   const first = columns[0]?.timeline.gpus || [];
   const gpuRows = Array.from({length: count}, (_, g) => ({
     title: count === 1 ? "GPU util (%) · idle gaps" : `GPU ${first[g]?.index ?? g} util (%)`,
-    domain: [hi - (g + 1) * height - g * gap, hi - g * height - g * gap], gpu: true}));
+    domain: [hi - (g + 1) * height - g * gap, hi - g * height - g * gap], gpu: true, measured: true}));
   return [...gpuRows, ...STEP_ROWS];
+}
+
+function measured(gpu) {
+  return gpu.utilization === "nvml" || gpu.utilization === "gpm";
 }
 
 function baseLayout(columns, rows, runs, view) {
@@ -160,6 +173,7 @@ function baseLayout(columns, rows, runs, view) {
       if (row.gpu) {
         const top = r === 0 && lane ? 114 : 105;
         Object.assign(yaxis, {range: [0, top], tickvals: rows[1]?.gpu ? [0, 50, 100] : [0, 20, 40, 60, 80, 100]});
+        if (!row.measured) Object.assign(yaxis, {tickvals: [], showticklabels: false, showgrid: false});
       }
       else yaxis.autorange = true;
       layout[axisId("xaxis", n)] = xaxis;
@@ -244,7 +258,7 @@ function addUtilization(figure, gpus, column, once) {
 
 // Without utilization (no GPU, or one whose utilization is not measured) the bands come from step timing: say so.
 function noteUnmeasured(figure, gpus, column) {
-  const unmeasured = gpus.filter((gpu) => gpu.utilization !== "nvml" && gpu.utilization !== "gpm");
+  const unmeasured = gpus.filter((gpu) => !measured(gpu));
   if (gpus.length && !unmeasured.length) return;
   const text = gpus.length
     ? `GPU ${unmeasured[0].index}: utilization ${unmeasured[0].utilization}: bands are non-compute gaps from step timing`
@@ -295,11 +309,11 @@ function addPhases(figure, phases, column, chart) {
   });
 }
 
-// The gpu_util_low threshold now saved (or the default) on each utilization row.
+// The gpu_util_low threshold now saved (or the default) on each row of a measured utilization.
 function addThresholdLine(figure, gpus, column, once) {
   const low = currentThresholds()?.gpu_util_low;
   if (!low?.enabled) return;
-  new Set(gpus.map((gpu) => column.rowOf(gpu.index))).forEach((r) => {
+  new Set(gpus.filter(measured).map((gpu) => column.rowOf(gpu.index))).forEach((r) => {
     figure.layout.shapes.push({type: "line", layer: "above", xref: `${column.ref("x", r)} domain`,
       yref: column.ref("y", r), x0: 0, x1: 1, y0: low.pct, y1: low.pct,
       line: {color: ALERT.color, width: 1.2, dash: "dash"},
