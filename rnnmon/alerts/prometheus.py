@@ -335,12 +335,19 @@ def share(owner: object, exporter: PrometheusExporter) -> None:
 
 
 def _write_sd_file(sd_dir: str, addr: str, port: int, job: str) -> str | None:
-    """A file_sd_configs target file for this endpoint, `<sd_dir>/<host>-<port>.json`, written atomically."""
+    """A file_sd_configs target file for this endpoint, `<sd_dir>/<host>-<port>.json`, written atomically: through
+    a new `.tmp` file (`O_EXCL`, `O_NOFOLLOW`: a link planted under its name is removed, never written through)."""
     host = socket.getfqdn() if addr in ("0.0.0.0", "::", "") else addr
     path = os.path.join(sd_dir, f"{host}-{port}.json")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         os.makedirs(sd_dir, exist_ok=True)
-        with open(f"{path}.tmp", "w", encoding="utf-8") as file:
+        try:
+            fd = os.open(f"{path}.tmp", flags, 0o644)
+        except FileExistsError:  # a stale one, or a link: removed (the link, not what it points to), made anew
+            os.unlink(f"{path}.tmp")
+            fd = os.open(f"{path}.tmp", flags, 0o644)
+        with open(fd, "w", encoding="utf-8") as file:
             json.dump([{"targets": [f"{host}:{port}"], "labels": {"rnnmon_job": job}}], file)
         os.replace(f"{path}.tmp", path)
     except OSError as error:

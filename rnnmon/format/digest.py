@@ -41,6 +41,8 @@ from rnnmon.format import schema
 
 CAP = 65536  # rows kept whole per table: below it every figure is exact
 RECORD_STEPS = 65536  # steps per digest record the writer writes
+MAX_HEADER_BYTES = 64 << 10  # a record's JSON header at most (8 GPUs: 819 bytes)
+MAX_INFLATED_BYTES = 16 << 20  # a record's arrays at most, inflated (8 GPUs: 214 KB), so a zlib bomb stops here
 TOP = 256  # slowest steps kept whole (slow steps, recompiles)
 LONGEST = 20  # longest gaps kept whole
 LOW, HIGH, SUB = -10, 24, 64  # buckets from 2^-10 ms to 2^24 ms, 64 per octave; bucket 0: at or below 2^-10 ms
@@ -416,8 +418,13 @@ class RunDigest:
         """A digest from `dumps`' bytes; ValueError where they are not one."""
         try:
             header, _, packed = data.partition(b"\n")
+            if len(header) > MAX_HEADER_BYTES:
+                raise ValueError(f"a header of {len(header)} bytes")
             names = json.loads(header)
-            body = np.frombuffer(bytearray(zlib.decompress(packed)), dtype="<f8")  # writable: merged into
+            inflater = zlib.decompressobj()
+            body = np.frombuffer(bytearray(inflater.decompress(packed, MAX_INFLATED_BYTES)), dtype="<f8")  # writable
+            if not inflater.eof:
+                raise ValueError(f"arrays cut, or inflating past {MAX_INFLATED_BYTES} bytes")
             arrays, at = {}, 0
             for name, shape in names:
                 size = math.prod(int(n) for n in shape)
@@ -426,7 +433,8 @@ class RunDigest:
                 arrays[name], at = body[at:at + size].reshape(shape), at + size
             if at != len(body):
                 raise ValueError("data after the arrays")
-        except (ValueError, TypeError, zlib.error) as error:  # a JSONDecodeError is a ValueError
+        # a JSONDecodeError is a ValueError; a shape of 1e999 overflows; a header nested 100,000 deep recurses
+        except (ValueError, TypeError, OverflowError, RecursionError, zlib.error) as error:
             raise ValueError(f"not a digest: {error}") from None
         groups: dict[str, dict[str, np.ndarray]] = {}
         for name, value in arrays.items():
