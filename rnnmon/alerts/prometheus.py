@@ -141,7 +141,7 @@ class PrometheusExporter:
         for rule in RULES:
             self._firing.labels(**self.labels, rule=rule).set(0)
         self._totals = {"steps": 0, "wait_s": 0.0, "gap_s": 0.0, "step_s": 0.0, "compile_s": 0.0, "plain_s": 0.0,
-                        "plain_batches": 0.0}
+                        "plain_batches": 0.0, "batches": 0.0, "timed_batches": 0.0}
         self._last_sample: dict[int, float] = {}  # per GPU: the time of its latest utilization sample
         self._fits = 0
         self._fits_lock = threading.Lock()
@@ -180,6 +180,9 @@ class PrometheusExporter:
             totals["gap_s"] += float(gap.sum())
             beyond = pipeline_wait_s(wait, rows[:, 6], float(chunk.get("fetch_floor_s", 0.0)))
             totals["wait_s"] += float(np.nansum(beyond))  # as the report: beyond the floor
+            batches = np.maximum(rows[:, 6], 1)
+            totals["batches"] += float(batches.sum())
+            totals["timed_batches"] += float(batches[~np.isnan(wait)].sum())
         for index, samples in chunk["util"].items():
             if samples:
                 self._count_utilization(index, samples)
@@ -190,7 +193,9 @@ class PrometheusExporter:
         for rule in RULES:
             self._firing.labels(**self.labels, rule=rule).set(1 if rule in active else 0)
         totals = self._totals
-        self._set_verdict(verdict(totals["steps"], totals["wait_s"], totals["gap_s"], totals["step_s"],
+        timed = totals["timed_batches"]  # all batches, or a sample's (TensorFlow, steps_per_execution > 1)
+        wait_s = totals["wait_s"] * totals["batches"] / timed if timed else 0.0
+        self._set_verdict(verdict(totals["steps"], wait_s, totals["gap_s"], totals["step_s"],
                                   totals["compile_s"], totals["step_s"]))
 
     def _compile_s(self, rows: np.ndarray, duration: np.ndarray, compiles: list[tuple]) -> float:
