@@ -1,7 +1,7 @@
 """Ragged text padded per batch: what rnnmon predicts each fix gains, against what each fix achieves.
 
-The seeds' workload: token sequences of text-like lengths (log-normal, 2-120), an embedding and an LSTM, batches
-of 16 padded to their own longest sequence, so most batches bring a new length and XLA (TensorFlow,
+The seeds' workload: token sequences of text-like lengths (log-normal, 2-120), an embedding and an LSTM
+(`--units`), batches of 16 padded to their own longest sequence, so most batches bring a new length and XLA (TensorFlow,
 `jit_compile=True`) or JAX compiles the step again. The RECOMPILE finding predicts two fixes from that run's own
 numbers (rnnmon.analysis.compile_advice): one padded length, and buckets padded to their boundaries. Each fix is
 then run as the finding says (its length, its bucket lengths), and its training time (wall time after the
@@ -9,7 +9,7 @@ warm-up, as rnnmon measures it) is set against the prediction. Every fit is moni
 own; the arms alternate per repeat. The machine's load (1-minute average) is printed beside each.
 
 Usage:
-    python benchmarks/ragged_lengths.py [--backends tensorflow jax] [--examples 480] [--repeats 1] [--json]
+    python benchmarks/ragged_lengths.py [--backends tensorflow jax] [--examples 480] [--units 64] [--repeats 1] [--json]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 BATCH = 16
 
 
-def _child(arm: str, logdir: str, examples: int, lengths: list[int]) -> None:
+def _child(arm: str, logdir: str, examples: int, lengths: list[int], units: int) -> None:
     """One monitored fit: `arm` is "per-batch", "one-length" (pad to lengths[-1]) or "buckets" (pad to lengths)."""
     import keras
     import numpy as np
@@ -66,18 +66,19 @@ def _child(arm: str, logdir: str, examples: int, lengths: list[int]) -> None:
         data = tf.data.Dataset.from_generator(lambda: map(batch, range(len(batches))), output_signature=(
             tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.float32)))
     model = keras.Sequential([keras.Input((None,), dtype="int32"), keras.layers.Embedding(50, 8),
-                              keras.layers.LSTM(8), keras.layers.Dense(1)])
+                              keras.layers.LSTM(units), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse", jit_compile=True)
     model.fit(data, epochs=2, verbose=0, callbacks=[rnnmon.UtilizationMonitor(logdir, audit=False)])
 
 
-def _fit(backend: str, arm: str, examples: int, lengths: list[int]) -> dict:
+def _fit(backend: str, arm: str, examples: int, lengths: list[int], units: int) -> dict:
     from rnnmon.analysis.summary import summarize
     from rnnmon.format.reader import read_logdir
 
     with tempfile.TemporaryDirectory() as logdir:
         env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
-        subprocess.run([sys.executable, __file__, "--child", arm, logdir, str(examples), json.dumps(lengths)],
+        subprocess.run([sys.executable, __file__, "--child", arm, logdir, str(examples), json.dumps(lengths),
+                        str(units)],
                        env=env, check=True, capture_output=True)
         summary = summarize(read_logdir(logdir)["rnnmon"])
     return {"training_s": summary["time_s"]["training"], "recompiles_s": summary["time_s"]["recompiles"],
@@ -89,23 +90,24 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["tensorflow", "jax"])
     parser.add_argument("--examples", type=int, default=480)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--units", type=int, default=64, help="LSTM units: the steps' own work")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        arm, logdir, examples, lengths = args.child
-        _child(arm, logdir, int(examples), json.loads(lengths))
+        arm, logdir, examples, lengths, units = args.child
+        _child(arm, logdir, int(examples), json.loads(lengths), int(units))
         return
     results = []
     for backend in args.backends:
         rows: dict[str, list] = {"per-batch": [], "one-length": [], "buckets": []}
         for _ in range(args.repeats):
-            padded = _fit(backend, "per-batch", args.examples, [])
+            padded = _fit(backend, "per-batch", args.examples, [], args.units)
             rows["per-batch"].append(padded)
             fixes = padded["fixes"]
             for arm, key in (("one-length", "one_length"), ("buckets", "buckets")):
                 lengths = [fixes["one_length"]["length"]] if arm == "one-length" else fixes["buckets"]["lengths"]
-                achieved = _fit(backend, arm, args.examples, lengths)
+                achieved = _fit(backend, arm, args.examples, lengths, args.units)
                 achieved["predicted_s"] = fixes[key]["training_s"]
                 rows[arm].append(achieved)
         base = statistics.median(r["training_s"] for r in rows["per-batch"])

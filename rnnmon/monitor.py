@@ -37,6 +37,7 @@ from rnnmon.capture.exits import ExitGuard
 from rnnmon.capture.fetch_floor import fetch_floors
 from rnnmon.capture.fit_scope import FitScope, HookGuard
 from rnnmon.capture.input_timing import (
+    SAMPLE_EVERY,
     EpochIteratorTiming,
     Shapes,
     unwrap_train_function,
@@ -91,11 +92,12 @@ class UtilizationMonitor(keras.callbacks.Callback):
         flush_secs: Seconds between writes to disk, at most 5. Defaults to `2.0`.
         idle_pct: Utilization at or below which the GPU counts as idle. Defaults to `5.0`.
         min_gap_ms: Without a GPU, the shortest non-compute stretch reported as a gap. Defaults to `10.0`.
-        measure_input_wait: Time the input wait inside Keras's train function (TensorFlow and JAX backends;
-            on torch it is part of the host gap). `None` does it on JAX always, and on TensorFlow when
-            `steps_per_execution == 1`: with larger values the batches would be pulled eagerly in place of the
-            in-graph loop (about 0.3-0.7 ms per batch), so it is off there unless set to True.
-            Defaults to `None`.
+        measure_input_wait: Time the input wait (inside Keras's train function on TensorFlow and JAX, around
+            the epoch loop's fetch on torch). `None` times every step, except on TensorFlow with
+            `steps_per_execution > 1`: there a timed execution pulls its batches in Python in place of the
+            in-graph loop (0.2-0.9 ms more per batch), so one execution in 16 is timed and the input share is
+            judged on those (`input_wait` "sampled: 1 execution in 16" in the run description). True times every
+            execution; False none. Defaults to `None`.
         thresholds: Alert thresholds, a `rnnmon.Thresholds` or a dict of the same shape. A thresholds file
             saved by the TensorBoard tab in `log_dir` or up to three folders above it replaces them within one
             flush while `watch_thresholds` is True. Defaults to `Thresholds()`.
@@ -289,7 +291,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._end = NA
         self._input_kind = input_kind(fit.x) if fit is not None else None
         self._hook_guard: HookGuard | None = None
-        self._fit_steps = 0  # step records of this fit: what its callback hook times are per
+        self._fit_steps = 0  # step records (executions) of this fit, and their batches: what its callback hook
+        self._fit_batches = 0  # times are per
         self._open_phase: tuple[str, float] | None = None
         self._profiler_end: float | None = None  # a profiler started or stopped since the last step, until then
         self._fit_begin = self._clock()
@@ -386,8 +389,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         batches = self._batches or self._per_execution
         gap = self._begin - self._last_end
         shapes = self._shapes
-        new_shapes = shapes is not None and shapes != self._last_shapes and shapes not in self._seen_shapes
-        compiles, compile_s = self._compile_watch.take(self._begin, end, new_shapes)
+        compiles, compile_s = self._compile_watch.take(self._begin, end, shapes)
         if self._warming_up:  # tracing and iterator creation: neither input wait nor host overhead
             self._warming_up = False
             self._recorder.add_phase("warmup", self._fit_begin, end)
@@ -399,6 +401,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
                                  batches))
         self._global_step += batches
         self._fit_steps += 1
+        self._fit_batches += batches
         if shapes is not None:
             self._recorder.shape_steps.add(shapes, batches, end - self._begin, compiles > 0 or gap != gap)
             if shapes != self._last_shapes:
@@ -571,7 +574,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
             if self._callback_timing is not None:
                 self._run_info.update(callback_hooks_s={name: round(seconds, 6) for name, seconds
                                                         in self._callback_timing.totals_s().items()},
-                                      callback_steps=self._fit_steps)
+                                      callback_steps=self._fit_steps, callback_batches=self._fit_batches)
             self._writer.json(schema.RUN_TAG, self._run_info)
             written = self._writer.flush()
         finally:
@@ -603,19 +606,18 @@ class UtilizationMonitor(keras.callbacks.Callback):
                 LOG.warning("rnnmon: input wait is measured on the TensorFlow, JAX and torch backends only; on %s "
                             "it is part of the host gap.", backend)
             return f"not measured: the {backend} backend"
-        # On JAX the batches are fetched in Python anyway: timing them costs nothing at any steps_per_execution.
-        default = per_execution == 1 or backend == "jax"
-        if not (self.measure_input_wait if self.measure_input_wait is not None else default):
-            off = self.measure_input_wait is False
-            return f"not measured: {'measure_input_wait=False' if off else f'steps_per_execution={per_execution}'}"
+        if self.measure_input_wait is False:
+            return "not measured: measure_input_wait=False"
         if getattr(self.model, "train_function", None) is None:
             self.model.make_train_function()
-        if backend == "jax":
+        if backend == "jax":  # the batches are fetched in Python anyway: timing them costs nothing
             wrap_jax_train_function(self.model, self._on_wait, self._on_error, self._is_live)
-        else:
-            wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live, self._on_first_batch,
-                                self._profile.step_marker)
-        return "measured"
+            return "measured"
+        # On TensorFlow a timed execution leaves the in-graph loop: at steps_per_execution > 1 only a sample is.
+        every = 1 if per_execution == 1 or self.measure_input_wait else SAMPLE_EVERY
+        wrap_train_function(self.model, self._on_wait, self._on_error, self._is_live, self._on_first_batch,
+                            self._profile.step_marker, sample_every=every)
+        return "measured" if every == 1 else f"sampled: 1 execution in {every}"
 
     def _on_first_batch(self, batch: Any, iterator: Any) -> None:
         floors = fetch_floors(batch, iterator)

@@ -142,8 +142,11 @@ def _render_run(run: dict[str, Any], all_gaps: bool) -> str:
     if wait is None:
         lines.append(f"  input wait     {run['input_wait_measured']}")
     else:
+        coverage = run.get("input_wait_coverage")
+        sample = (f" (timed on {_pct(coverage)} of the batches: {run['input_wait_measured']})"
+                  if coverage is not None and coverage < 1 else "")
         lines.append(f"  input wait     median {_ms(wait['median'])}, p90 {_ms(wait['p90'])}, "
-                     f"{_pct(run['input_wait_fraction'])} of wall time")
+                     f"{_pct(run['input_wait_fraction'])} of wall time{sample}")
         if run.get("cache_fill"):
             fill = run["cache_fill"]
             lines.append(f"                 judged on the epochs after the first, which filled the cache at "

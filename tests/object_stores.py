@@ -134,8 +134,9 @@ FAULTS = {
 
 
 class FaultyFront:
-    """An HTTP proxy on 127.0.0.1 in front of `store`: passes every request through, except while `fault` names one
-    of FAULTS (for the store's kind), when it answers that error instead. `env` points the clients at it.
+    """An HTTP proxy on 127.0.0.1 in front of `store`: passes every request through, after `delay_s` (a bucket's
+    latency), except while `fault` names one of FAULTS (for the store's kind), when it answers that error instead.
+    `env` points the clients at it.
 
     Example:
         >>> with ObjectStore("s3") as store, FaultyFront(store) as front:
@@ -146,7 +147,7 @@ class FaultyFront:
     def __init__(self, store: ObjectStore) -> None:
         import http.server
 
-        self.store, self.fault, self.faulted = store, None, 0
+        self.store, self.fault, self.faulted, self.delay_s = store, None, 0, 0.0
         front = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -154,6 +155,7 @@ class FaultyFront:
 
             def _any(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(front.delay_s)
                 if front.fault is not None:
                     front.faulted += 1
                     status, answer, kind = FAULTS[(store.kind, front.fault)]

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -148,7 +149,7 @@ class PrometheusExporter:
         for rule in RULES:
             self._firing.labels(**self.labels, rule=rule).set(0)
         self._totals = {"steps": 0, "wait_s": 0.0, "gap_s": 0.0, "step_s": 0.0, "compile_s": 0.0, "plain_s": 0.0,
-                        "plain_batches": 0.0}
+                        "plain_batches": 0.0, "batches": 0.0, "timed_batches": 0.0}
         self._last_sample: dict[int, float] = {}  # per GPU: the time of its latest utilization sample
         self._warm_end: float | None = -np.inf  # GPU samples before it are warm-up; None: the warm-up runs
         self._fits = 0
@@ -191,6 +192,9 @@ class PrometheusExporter:
             totals["gap_s"] += float(gap.sum())
             beyond = pipeline_wait_s(wait, rows[:, 6], float(chunk.get("fetch_floor_s", 0.0)))
             totals["wait_s"] += float(np.nansum(beyond))  # as the report: beyond the floor
+            batches = np.maximum(rows[:, 6], 1)
+            totals["batches"] += float(batches.sum())
+            totals["timed_batches"] += float(batches[~np.isnan(wait)].sum())
         for index, samples in chunk["util"].items():
             if samples:
                 self._count_utilization(index, samples)
@@ -201,7 +205,9 @@ class PrometheusExporter:
         for rule in RULES:
             self._firing.labels(**self.labels, rule=rule).set(1 if rule in active else 0)
         totals = self._totals
-        self._set_verdict(verdict(totals["steps"], totals["wait_s"], totals["gap_s"], totals["step_s"],
+        timed = totals["timed_batches"]  # all batches, or a sample's (TensorFlow, steps_per_execution > 1)
+        wait_s = totals["wait_s"] * totals["batches"] / timed if timed else 0.0
+        self._set_verdict(verdict(totals["steps"], wait_s, totals["gap_s"], totals["step_s"],
                                   totals["compile_s"], totals["step_s"]))
 
     def _end_warmup(self, rows: np.ndarray) -> None:
@@ -369,16 +375,23 @@ def relabel(owner: object, exporter: PrometheusExporter, *, worker: str) -> Prom
 
 
 def _write_sd_file(sd_dir: str, addr: str, port: int, job: str) -> str | None:
-    """A file_sd_configs target file for this endpoint, `<sd_dir>/<host>-<port>.json`, written atomically, after
-    removing the files that dead processes of this machine left there. Its `__meta_` labels (dropped by Prometheus
-    after relabelling) say which machine and process wrote it."""
+    """A file_sd_configs target file for this endpoint, `<sd_dir>/<host>-<port>.json`, written atomically: through
+    a new `.tmp` file (`O_EXCL`, `O_NOFOLLOW`: a link planted under its name is removed, never written through),
+    after removing the files that dead processes of this machine left there. Its `__meta_` labels (dropped by
+    Prometheus after relabelling) say which machine and process wrote it."""
     host = socket.getfqdn() if addr in ("0.0.0.0", "::", "") else addr
     path = os.path.join(sd_dir, f"{host}-{port}.json")
     labels = {"rnnmon_job": job, "__meta_rnnmon_machine": socket.gethostname(), "__meta_rnnmon_pid": str(os.getpid())}
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         os.makedirs(sd_dir, exist_ok=True)
         _remove_stale_sd_files(sd_dir)
-        with open(f"{path}.tmp", "w", encoding="utf-8") as file:
+        try:
+            fd = os.open(f"{path}.tmp", flags, 0o644)
+        except FileExistsError:  # a stale one, or a link: removed (the link, not what it points to), made anew
+            os.unlink(f"{path}.tmp")
+            fd = os.open(f"{path}.tmp", flags, 0o644)
+        with open(fd, "w", encoding="utf-8") as file:
             json.dump([{"targets": [f"{host}:{port}"], "labels": labels}], file)
         os.replace(f"{path}.tmp", path)
     except OSError as error:
@@ -393,11 +406,16 @@ def _remove_stale_sd_files(sd_dir: str) -> None:
     container), whose target Prometheus would show as down for good: written here, and their process has exited
     or nothing listens at their target any more (a pid reused by a restarted container)."""
     machine = socket.gethostname()
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # no link, no FIFO's wait
     for name in os.listdir(sd_dir):
         path = os.path.join(sd_dir, name)
         try:
-            with open(path, encoding="utf-8") as file:
-                [group] = json.load(file)
+            if not name.endswith(".json"):
+                continue
+            with open(os.open(path, flags), encoding="utf-8") as file:
+                if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                    continue
+                [group] = json.loads(file.read(_SD_FILE_MAX_CHARS))
             labels, [target] = group["labels"], group["targets"]
             pid = int(labels["__meta_rnnmon_pid"])
         except (OSError, ValueError, LookupError, TypeError):  # not ours, or from an older rnnmon: left alone
@@ -406,6 +424,9 @@ def _remove_stale_sd_files(sd_dir: str) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
                 LOG.info("rnnmon: removed %s, the Prometheus target of process %d, gone", path, pid)
+
+
+_SD_FILE_MAX_CHARS = 65536  # an rnnmon target file is one target: anything longer is not one
 
 
 def _alive(pid: int) -> bool:

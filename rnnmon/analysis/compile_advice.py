@@ -11,8 +11,9 @@ A batch padded to its own longest sequence brings a new shape on most steps, and
 Each is predicted as the training time less the compiles after the warm-up and each step's cost at its length,
 plus each step's cost at its padded length and, for buckets, one compile per bucket beyond the first. A step's
 cost against its sequence length is fitted (least squares, `a + b * batch * length`) to the steps that compiled
-nothing (rnnmon.capture.compiles.ShapeSteps) and to compiling steps whose compile JAX timed; a compile's cost is
-its measured seconds (JAX) or its step's time beyond that fit.
+nothing (rnnmon.capture.compiles.ShapeSteps; where every step compiled, to what JAX's timed compiles left of their
+steps); a compile's cost is its step's time beyond that fit. What is not a step (host gaps, validation, epoch ends)
+stays as it was.
 
 Example:
     >>> fixes = compile_fixes(run.shape_steps, run.compiles, summary["time_s"], run.info.get("input_batching"))
@@ -126,12 +127,13 @@ def _step_cost(steps: dict[tuple, tuple[int, int, float]], compiles: list[dict[s
     """seconds(shape, length) of one step at `length`, fitted as a + b * batch * length; None without data."""
     points = [(_work(shape, shape[0][dim]), seconds / plain, plain) for shape, (_, plain, seconds) in steps.items()
               if plain > 0]
-    for record in compiles:  # a compiling step whose compile the framework timed: the rest is its compute
-        shapes = record.get("shapes")
-        if record.get("seconds") is not None and shapes and shapes[0] and len(shapes[0]) > dim and shapes[0][dim]:
-            compute = record["duration_s"] - record["seconds"]
-            if compute > 0:
-                points.append((_work(shapes, shapes[0][dim]), compute / max(record.get("batches") or 1, 1), 1))
+    if not points:  # every step compiled: where JAX timed a compile, the rest of its step stands in (more than
+        for record in compiles:  # the compute: the dispatch around the compile goes with it)
+            shapes = record.get("shapes")
+            if record.get("seconds") is not None and shapes and shapes[0] and len(shapes[0]) > dim and shapes[0][dim]:
+                compute = record["duration_s"] - record["seconds"]
+                if compute > 0:
+                    points.append((_work(shapes, shapes[0][dim]), compute / max(record.get("batches") or 1, 1), 1))
     if not points:
         return None
     x, y, w = (np.array(column, dtype=float) for column in zip(*points))

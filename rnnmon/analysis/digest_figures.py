@@ -1,6 +1,7 @@
 """The summary's figures from a run's digest (`rnnmon.format.digest`): exact from the rows while the digest keeps
 them, else from its aggregates (sums exact; percentiles from the buckets, within `digest.RELATIVE_ERROR`; the wait
-beyond the fetch floor and the robust input share bucket by bucket; slow steps from the slowest kept whole).
+beyond the fetch floor and the robust input share bucket by bucket; slow steps from the slowest kept whole). Where
+only some steps had their wait timed (a sample), the input figures are the timed steps' (rnnmon.analysis.summary).
 
 Example:
     >>> step_figures(digest.steps, floor_s, cache, phases, shapes, compiles)["step_ms"]
@@ -47,30 +48,47 @@ def _approximate(digest: StepDigest, floor_s: float, cache: Any, phases: np.ndar
     duration_s, gap_s, wait_s, waited = digest.sums.tolist()
     measured = waited > 0
     floor_ms = 0.0 if math.isnan(floor_s) else 1e3 * floor_s
-    hist = digest.wait_hist
-    counts = hist[:, 0].sum(axis=0)
+    hist = digest.wait_hist  # per half (later epochs, first epochs): count, wait s, batches, step + gap s
+    timed = _timed(digest)  # the same of the steps whose wait was timed (all, or a sample)
+    counts = timed[:, 0].sum(axis=0)
     filling_steps = int(hist[1, 0].sum()) if cache else 0
-    split = measured and 0 < filling_steps < digest.kept
-    judged = hist[0] if split else hist.sum(axis=0)
-    beyond = _beyond(judged, floor_ms)
-    waits = counts.copy()
-    waits[0] -= digest.unwaited.sum()
+    split = measured and timed[0, 0].sum() > 0 and timed[1, 0].sum() > 0 and filling_steps > 0
+    halves = (hist[0], timed[0]) if split else (hist.sum(axis=0), timed.sum(axis=0))
+    share, beyond_s = _judged_buckets(*halves, floor_ms) if measured else (None, None)
+    all_batches, timed_batches = float(hist[:, 2].sum()), float(timed[:, 2].sum())
     figures = {
         "steps": int(digest.batches), "epochs": digest.changes + 1 if digest.rows else 0, "kept": digest.kept,
-        "duration_s": duration_s, "gap_s": gap_s, "wait_s": wait_s, "measured": measured,
+        "duration_s": duration_s, "gap_s": gap_s, "wait_s": _scaled(wait_s, all_batches, timed_batches),
+        "measured": measured, "coverage": _coverage(timed_batches, all_batches) if measured else None,
         "step_ms": _hist_percentiles(digest.step_hist[0]),
-        "input_wait_ms": _hist_percentiles(waits) if measured else None,
-        "input_share": _robust(beyond, judged[3], judged[0]) if measured else None,
-        "beyond_floor_s": float(beyond.sum()) if measured else None,
-        "cache_fill": None}
+        "input_wait_ms": _hist_percentiles(counts) if measured else None,
+        "input_share": share, "beyond_floor_s": beyond_s, "cache_fill": None}
     if split:
-        fill_beyond = _beyond(hist[1], floor_ms)
-        figures["cache_fill"] = {"stage": cache, "steps": filling_steps,
-                                 "wait_s": round(float(fill_beyond.sum()), 3),
-                                 "input_share": _robust(fill_beyond, hist[1, 3], hist[1, 0])}
+        share, beyond_s = _judged_buckets(hist[1], timed[1], floor_ms)
+        figures["cache_fill"] = {"stage": cache, "steps": filling_steps, "wait_s": round(beyond_s, 3),
+                                 "input_share": share}
     figures["time_s"], figures["slow_count"], figures["slow_steps"] = _fit_time(digest, floor_s, phases, shapes,
                                                                                 compiles)
     return figures
+
+def _timed(digest: StepDigest) -> np.ndarray:
+    """The wait histogram without the steps whose wait was not timed (they lie in its bucket 0)."""
+    timed = digest.wait_hist.copy()
+    timed[:, 0, 0] -= digest.unwaited
+    timed[:, 3, 0] -= digest.unwaited_sums[:, 0]
+    timed[:, 2, 0] -= digest.unwaited_sums[:, 1]
+    timed[:, :, 0] = np.maximum(timed[:, :, 0], 0.0)
+    return timed
+
+
+def _judged_buckets(every: np.ndarray, timed: np.ndarray, floor_ms: float) -> tuple[float | None, float]:
+    """`_judged` over wait buckets: the robust share and the wait beyond the floor, from the histogram of `every`
+    step and of the `timed` ones."""
+    beyond = _beyond(timed, floor_ms)
+    batches, timed_batches = float(every[2].sum()), float(timed[2].sum())
+    against = timed[3] if timed[0].sum() == every[0].sum() else timed[2] * (float(every[3].sum()) / batches)
+    return _robust(beyond, against, timed[0]), _scaled(float(beyond.sum()), batches, timed_batches)
+
 
 def _fit_time(digest: StepDigest, floor_s: float, phases: np.ndarray, shapes: list[dict[str, Any]],
               compiles: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int], list[dict[str, Any]]]:
@@ -157,31 +175,58 @@ def _exact(steps: np.ndarray, floor_s: float, cache: Any, phases: np.ndarray, sh
     """The step figures from the whole step table."""
     kept = ~np.isnan(steps[:, _S["host_gap_ms"]])  # each fit's first step: tracing, iterator creation
     column = {name: steps[:, _S[name]][kept] for name in ("begin", "end", "input_wait_ms", "host_gap_ms", "batches")}
-    batches = column["batches"]
+    batches = np.maximum(column["batches"], 1)
     duration = column["end"] - column["begin"]
     wait = column["input_wait_ms"] / 1e3
     gap = column["host_gap_ms"] / 1e3
     measured = bool(len(wait)) and not np.isnan(wait).all()
     filling = _first_epochs(steps)[kept] if cache else np.zeros(len(duration), dtype=bool)
-    split = measured and bool(filling.any()) and not filling.all()
+    whole, timed = duration + gap, ~np.isnan(wait)  # timed: the steps whose wait was (all, or a sample)
+    split = measured and bool((filling & timed).any()) and bool((~filling & timed).any())
     figures: dict[str, Any] = {
         "steps": int(steps[:, _S["batches"]].sum()), "epochs": _epochs(steps), "kept": len(duration),
-        "duration_s": float(duration.sum()), "gap_s": float(gap.sum()), "wait_s": float(np.nansum(wait)),
-        "measured": measured, "step_ms": _percentiles(1e3 * duration / np.maximum(batches, 1)),
-        "input_wait_ms": _percentiles(1e3 * wait / np.maximum(batches, 1)) if measured else None,
+        "duration_s": float(duration.sum()), "gap_s": float(gap.sum()),
+        "wait_s": _scaled(float(np.nansum(wait)), float(batches.sum()), float(batches[timed].sum())),
+        "measured": measured, "coverage": _coverage(batches[timed].sum(), batches.sum()) if measured else None,
+        "step_ms": _percentiles(1e3 * duration / batches),
+        "input_wait_ms": _percentiles(1e3 * wait / batches) if measured else None,
         "input_share": None, "beyond_floor_s": None, "cache_fill": None}
-    if measured:  # the wait beyond the fetch floor, against each step with the gap before it
-        beyond, whole = pipeline_wait_s(wait, batches, floor_s), duration + gap
+    if measured:  # the wait beyond the fetch floor, against each timed step with the gap before it
+        beyond = pipeline_wait_s(wait, batches, floor_s)
         judged = ~filling if split else np.ones(len(duration), dtype=bool)
-        figures["input_share"] = robust_share(beyond[judged], whole[judged])
-        figures["beyond_floor_s"] = float(np.nansum(beyond[judged]))
+        figures["input_share"], figures["beyond_floor_s"] = _judged(beyond, judged, whole, batches, timed)
         if split:
-            figures["cache_fill"] = {"stage": cache, "steps": int(filling.sum()),
-                                     "wait_s": round(float(beyond[filling].sum()), 3),
-                                     "input_share": robust_share(beyond[filling], whole[filling])}
+            share, wait_s = _judged(beyond, filling, whole, batches, timed)
+            figures["cache_fill"] = {"stage": cache, "steps": int(filling.sum()), "wait_s": round(wait_s, 3),
+                                     "input_share": share}
     figures["time_s"], figures["slow_count"], figures["slow_steps"] = fit_time(steps, phases, shapes, floor_s,
                                                                                compiles)
     return figures
+
+
+def _judged(beyond: np.ndarray, steps: np.ndarray, whole: np.ndarray, batches: np.ndarray,
+            timed: np.ndarray) -> tuple[float | None, float]:
+    """The robust input share of `steps` (a mask) and their wait beyond the floor, from the timed ones.
+
+    Where every step was timed, each wait is a share of its own step time (step + host gap). Where only a sample
+    was, of its batches at the per-batch step time of all `steps` (a timed execution runs slower than Keras's
+    in-graph loop; its wait does not grow), and the wait is scaled from the timed batches to all.
+    """
+    chosen = steps & timed
+    against = whole if chosen.sum() == steps.sum() else batches * (whole[steps].sum() / batches[steps].sum())
+    return (robust_share(beyond[chosen], against[chosen]),
+            _scaled(float(beyond[chosen].sum()), float(batches[steps].sum()), float(batches[chosen].sum())))
+
+
+def _coverage(timed_batches: float, batches: float) -> float | None:
+    """The share of the batches whose input wait was timed; None without batches."""
+    return round(float(timed_batches) / float(batches), 4) if batches > 0 else None
+
+
+def _scaled(timed_wait_s: float, batches: float, timed_batches: float) -> float:
+    """A wait summed over `timed_batches` batches, scaled to `batches` (a sample's estimate of the whole; the
+    sum itself where every batch was timed)."""
+    return timed_wait_s * batches / timed_batches if timed_batches > 0 else timed_wait_s
 
 
 def _first_epochs(steps: np.ndarray) -> np.ndarray:

@@ -63,13 +63,14 @@ def summary_line(summary: dict[str, Any]) -> str:
                 f"{_pct(times['recompiles'] / times['training'])} of the fit's training time; the other steps keep "
                 "the device busy.")
     gpus = [g for g in summary["gpus"] if g["util_mean"] is not None]
+    timed = shares.get("input") is not None  # else the verdict's note says input wait was not measured
     if gpus and min(g["util_mean"] for g in gpus) < LOW_UTIL_PCT:
-        return ("The input keeps up, yet the GPU is busy only "
+        return (f"{'The input keeps up, yet t' if timed else 'T'}he GPU is busy only "
                 f"{min(g['util_mean'] for g in gpus):.0f}% of the time: each step gives it too little work.")
     if _cache_fill(summary):
         return (f"Once the first epoch had filled the cache (waiting {_pct(summary['cache_fill']['input_share'])} "
                 "of its step time for input), the steps kept the device busy: input and host overhead are small.")
-    return "The steps keep the device busy: input and host overhead are small."
+    return f"The steps keep the device busy: {'input and host overhead are' if timed else 'host overhead is'} small."
 
 
 def _input(summary: dict[str, Any]) -> list[Finding]:

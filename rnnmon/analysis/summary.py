@@ -8,6 +8,12 @@ starting, or stopping and saving its trace, is neither but a profile phase (`pro
 steps far above the median (rnnmon.analysis.fit_time). `training_without_s` is the quantity every measured
 finding's speed-up predicts: the fits' training time (wall time after the warm-up) without one cause.
 
+Where only a sample of the steps had its input wait timed (TensorFlow with `steps_per_execution > 1`, see
+rnnmon.capture.input_timing), the input share is judged on the timed steps, each against its batches at the
+per-batch step time of all, and the wait in all (`input_wait_fraction`, `time_s["input_wait"]`, the speed-up) is
+scaled up from the timed batches: `input_wait_coverage` is their share, and `verdict_note` says so; where none
+was timed, `verdict_note` says the verdict leaves input out (rnnmon.analysis.input_coverage).
+
 Where the input pipeline caches (`input_cache`), the first epoch of each fit fills the cache and waits for what
 comes before it; with later epochs to judge, the input share, its speed-up and the verdict are theirs, and the
 first epochs' wait is reported apart (`cache_fill`).
@@ -34,6 +40,7 @@ from rnnmon.analysis.compile_advice import compile_fixes
 from rnnmon.analysis.digest_figures import device_figures, step_figures
 from rnnmon.analysis.fit_time import training_without
 from rnnmon.analysis.imbalance import device_imbalance
+from rnnmon.analysis.input_coverage import input_wait_note
 from rnnmon.analysis.measured import measured_findings, summary_line
 from rnnmon.analysis.pipeline_context import in_measured_context
 from rnnmon.analysis.verdict import verdict
@@ -71,6 +78,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "step_ms": steps["step_ms"],
         "input_wait_ms": steps["input_wait_ms"],
         "input_wait_measured": run.info.get("input_wait", "measured" if measured else "not measured"),
+        "input_wait_coverage": steps["coverage"],  # the share of batches timed: below 1 where a sample was
         "input_kind": run.info.get("input_kind"),  # tf.data, DataLoader, PyDataset, generator; None: other
         "profile": run.info.get("profile"),  # the profile capture on alert (rnnmon.capture.profiling), or None
         "input_wait_fraction": _ratio(steps["wait_s"], wall) if measured else None,
@@ -87,8 +95,8 @@ def summarize(run: RunData) -> dict[str, Any]:
         "fetch_floor_ms": run.info.get("fetch_floor_ms"),
         "distributed_split_ms": run.info.get("distributed_split_ms"),  # of the floor: tf.distribute's split
         "partial_batch_ms": run.info.get("partial_batch_ms"),  # of the split: the partial-batch check
-        "callback_ms_per_step": callback_ms_per_step(run, digest.steps.rows),
-        "callback_hooks_s": callback_hooks_s(run, digest.steps.rows),
+        "callback_ms_per_step": callback_ms_per_step(run, int(digest.steps.batches)),  # per batch
+        "callback_hooks_s": callback_hooks_s(run, int(digest.steps.batches)),
         "shares": {"input": steps["input_share"], "host": _ratio(steps["gap_s"], step_total)},
         "input_cache": cache,
         "cache_fill": steps["cache_fill"],  # the first epoch of each fit, judged apart: it filled the cache
@@ -98,6 +106,8 @@ def summarize(run: RunData) -> dict[str, Any]:
     }
     summary["time_s"], summary["slow_step_count"], summary["slow_steps"] = (
         steps["time_s"], steps["slow_count"], steps["slow_steps"])
+    if measured and steps["coverage"] < 1:  # the steps' wait in all, estimated from the timed ones
+        summary["time_s"]["input_wait"] = round(steps["wait_s"], 4)
     summary["training_without_s"] = training_without(  # with a cache, the wait of the epochs after the first
         summary["time_s"], steps["beyond_floor_s"], summary["callback_hooks_s"])  # (CACHE_FILL has the rest)
     without_wait = summary["training_without_s"]["input_wait"]
@@ -112,7 +122,9 @@ def summarize(run: RunData) -> dict[str, Any]:
                                    summary)
     dynamic = measured_findings(summary) + device_imbalance(summary)
     summary["findings"] = [f.to_dict() for f in rank_findings(recorded + dynamic)]
-    summary["summary"] = summary_line(summary)
+    summary["verdict_note"] = (None if summary["verdict"] == "insufficient-data"
+                               else input_wait_note(summary["input_wait_measured"], steps["coverage"]))
+    summary["summary"] = " ".join(filter(None, (summary_line(summary), summary["verdict_note"])))
     return summary
 
 

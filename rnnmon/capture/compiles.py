@@ -1,9 +1,9 @@
 """Counts the compiles of a fit's training step from the framework's own signals, never from durations.
 
 - TensorFlow: the tracing count of Keras's step `tf.function`s (`experimental_get_tracing_count`); with XLA
-  (`jit_compile=True`) also every input signature new to the fit, because XLA compiles each signature once (its
-  compile cache is keyed on the input shapes). Neither is timed by TensorFlow: the analysis takes a compile's
-  cost as its step's time beyond a step on shapes already seen.
+  (`jit_compile=True`) also every input signature new to Keras's train function (kept across the fits that reuse
+  it), because XLA compiles each signature once (its compile cache is keyed on the input shapes). TensorFlow
+  times neither: the analysis takes a compile's cost as its step's time beyond a step on shapes already seen.
 - JAX: `jax.monitoring`'s compile events (`/jax/core/compile/backend_compile_duration`, with the tracing and
   lowering before it), counted and timed as they happen.
 - torch with `jit_compile=True`: `torch.compile`'s (dynamo's) count of graphs it compiled.
@@ -13,7 +13,7 @@ predicted from the run's own numbers (rnnmon.analysis.compile_advice).
 
 Example:
     >>> watch = CompileWatch.for_model(model, "jax")
-    >>> count, seconds = watch.take(begin, end, new_shapes=False)   # at each step's end
+    >>> count, seconds = watch.take(begin, end, shapes)   # at each step's end
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import collections
 import math
 import threading
 import time
+import weakref
 from typing import Any
 
 from rnnmon.capture.input_timing import Shapes
@@ -29,6 +30,7 @@ from rnnmon.capture.input_timing import Shapes
 JAX_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                       "/jax/core/compile/backend_compile_duration")
 _JAX_BACKEND_COMPILE = JAX_COMPILE_EVENTS[-1]
+_XLA_SIGNATURES: weakref.WeakKeyDictionary[Any, set[Shapes]] = weakref.WeakKeyDictionary()  # per step function
 _JAX_LIVE: list[_JaxWatch] = []  # the watches of fits running now (JAX keeps one listener per process)
 _JAX_LOCK = threading.Lock()
 _JAX_LISTENING: list[bool] = []  # [True] once the listener is registered
@@ -54,9 +56,9 @@ class CompileWatch:
             pass
         return CompileWatch()
 
-    def take(self, begin: float, end: float, new_shapes: bool) -> tuple[int, float]:
-        """(compiles, their measured seconds or NaN) of the step from `begin` to `end` (perf_counter seconds);
-        `new_shapes`: its batch had input shapes the fit had not stepped on."""
+    def take(self, begin: float, end: float, shapes: Shapes | None) -> tuple[int, float]:
+        """(compiles, their measured seconds or NaN) of the step from `begin` to `end` (perf_counter seconds)
+        whose batch had input `shapes` (None where the batches did not pass through rnnmon)."""
         return 0, math.nan
 
     def close(self) -> None:
@@ -71,13 +73,18 @@ class _TensorFlowWatch(CompileWatch):
         self.source = "xla" if self._xla else "tf.function"
         self._functions = _step_functions(model.train_function)
         self._traced = self._count()
+        # XLA's programs live as long as Keras's step function: a later fit on the same one compiles nothing new
+        self._signatures = _XLA_SIGNATURES.setdefault(self._functions[0], set()) if self._functions else set()
 
     def _count(self) -> int:
         return sum(function.experimental_get_tracing_count() for function in self._functions)
 
-    def take(self, begin: float, end: float, new_shapes: bool) -> tuple[int, float]:
+    def take(self, begin: float, end: float, shapes: Shapes | None) -> tuple[int, float]:
         traced, self._traced = self._traced, self._count()
-        return (self._traced - traced) or int(self._xla and new_shapes), math.nan
+        compiled = self._xla and shapes is not None and shapes not in self._signatures
+        if compiled:
+            self._signatures.add(shapes)
+        return (self._traced - traced) or int(compiled), math.nan
 
 
 def _step_functions(train_function: Any) -> list[Any]:
@@ -125,7 +132,7 @@ class _JaxWatch(CompileWatch):
                 _JAX_LISTENING.append(True)
             _JAX_LIVE.append(self)
 
-    def take(self, begin: float, end: float, new_shapes: bool) -> tuple[int, float]:
+    def take(self, begin: float, end: float, shapes: Shapes | None) -> tuple[int, float]:
         if not self._events:
             return 0, math.nan
         inside = [event for event in self._events if begin <= event[0] <= end]
@@ -158,7 +165,7 @@ class _TorchWatch(CompileWatch):
         self._stats = counters["stats"]
         self._graphs = self._stats["unique_graphs"]
 
-    def take(self, begin: float, end: float, new_shapes: bool) -> tuple[int, float]:
+    def take(self, begin: float, end: float, shapes: Shapes | None) -> tuple[int, float]:
         graphs, self._graphs = self._graphs, self._stats["unique_graphs"]
         return self._graphs - graphs, math.nan
 

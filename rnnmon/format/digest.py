@@ -41,6 +41,8 @@ from rnnmon.format import schema
 
 CAP = 65536  # rows kept whole per table: below it every figure is exact
 RECORD_STEPS = 65536  # steps per digest record the writer writes
+MAX_HEADER_BYTES = 64 << 10  # a record's JSON header at most (8 GPUs: 819 bytes)
+MAX_INFLATED_BYTES = 16 << 20  # a record's arrays at most, inflated (8 GPUs: 214 KB), so a zlib bomb stops here
 TOP = 256  # slowest steps kept whole (slow steps, recompiles)
 LONGEST = 20  # longest gaps kept whole
 LOW, HIGH, SUB = -10, 24, 64  # buckets from 2^-10 ms to 2^24 ms, 64 per octave; bucket 0: at or below 2^-10 ms
@@ -101,6 +103,7 @@ class StepDigest:
         self.step_hist = np.zeros((3, BUCKETS))  # per bucket of per-batch step ms: count, duration s, batches
         self.wait_hist = np.zeros((2, 4, BUCKETS))  # later / first epochs; count, wait s, batches, step+gap s
         self.unwaited = np.zeros(2)  # steps without a measured wait (in bucket 0 of wait_hist)
+        self.unwaited_sums = np.zeros((2, 2))  # their step + gap s and batches, per half (0: written before it)
         self.firsts = np.empty((0, 2))  # each fit's first step: begin, end
         self.stretches = np.empty((0, 3))  # per stretch from a fit's first step: starts one?, first start, last end
         self.top = np.empty((0, len(schema.STEP_COLUMNS)))
@@ -153,6 +156,7 @@ class StepDigest:
                 self.wait_hist[split, row] += np.bincount(at[mask], None if weights is None else weights[mask],
                                                           minlength=BUCKETS)
             self.unwaited[split] += int((~measured & mask).sum())
+            self.unwaited_sums[split] += ((duration + gap)[~measured & mask].sum(), batches[~measured & mask].sum())
         self.top = _slowest(np.r_[self.top, k])
 
     def _stretches(self, fit: np.ndarray, start: np.ndarray, end: np.ndarray, starts_fit: bool) -> None:
@@ -186,6 +190,7 @@ class StepDigest:
         self.step_hist += other.step_hist
         self.wait_hist += other.wait_hist
         self.unwaited += other.unwaited
+        self.unwaited_sums += other.unwaited_sums
         self.firsts = np.r_[self.firsts, other.firsts]
         self._join(other.stretches)
         self.top = _slowest(np.r_[self.top, other.top])
@@ -196,7 +201,8 @@ class StepDigest:
         scalars = np.array([self.rows, self.batches, self.first_epoch, self.first_start, self.last_epoch,
                             self.changes, self.kept, self.fit_epoch], dtype=np.float64)
         return {"scalars": scalars, "sums": self.sums, "step_hist": self.step_hist, "wait_hist": self.wait_hist,
-                "unwaited": self.unwaited, "firsts": self.firsts, "stretches": self.stretches, "top": self.top}
+                "unwaited": self.unwaited, "unwaited_sums": self.unwaited_sums,
+                "firsts": self.firsts, "stretches": self.stretches, "top": self.top}
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> StepDigest:
@@ -207,6 +213,8 @@ class StepDigest:
         out.rows, out.first_start, out.changes, out.kept = int(rows), bool(first_start), int(changes), int(kept)
         for name in ("sums", "step_hist", "wait_hist", "unwaited", "firsts", "stretches", "top"):
             setattr(out, name, _shaped(state[name], getattr(out, name).shape, name in ("firsts", "stretches", "top")))
+        if "unwaited_sums" in state:
+            out.unwaited_sums = _shaped(state["unwaited_sums"], out.unwaited_sums.shape)
         if out.rows < 0 or out.kept > out.rows:
             raise ValueError(f"a digest of {out.rows} steps, {out.kept} of them kept")
         return out
@@ -410,8 +418,13 @@ class RunDigest:
         """A digest from `dumps`' bytes; ValueError where they are not one."""
         try:
             header, _, packed = data.partition(b"\n")
+            if len(header) > MAX_HEADER_BYTES:
+                raise ValueError(f"a header of {len(header)} bytes")
             names = json.loads(header)
-            body = np.frombuffer(bytearray(zlib.decompress(packed)), dtype="<f8")  # writable: merged into
+            inflater = zlib.decompressobj()
+            body = np.frombuffer(bytearray(inflater.decompress(packed, MAX_INFLATED_BYTES)), dtype="<f8")  # writable
+            if not inflater.eof:
+                raise ValueError(f"arrays cut, or inflating past {MAX_INFLATED_BYTES} bytes")
             arrays, at = {}, 0
             for name, shape in names:
                 size = math.prod(int(n) for n in shape)
@@ -420,7 +433,8 @@ class RunDigest:
                 arrays[name], at = body[at:at + size].reshape(shape), at + size
             if at != len(body):
                 raise ValueError("data after the arrays")
-        except (ValueError, TypeError, zlib.error) as error:  # a JSONDecodeError is a ValueError
+        # a JSONDecodeError is a ValueError; a shape of 1e999 overflows; a header nested 100,000 deep recurses
+        except (ValueError, TypeError, OverflowError, RecursionError, zlib.error) as error:
             raise ValueError(f"not a digest: {error}") from None
         groups: dict[str, dict[str, np.ndarray]] = {}
         for name, value in arrays.items():

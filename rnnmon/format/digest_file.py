@@ -23,6 +23,7 @@ from rnnmon.format.digest import RECORD_STEPS, RunDigest
 from rnnmon.format.eventfile import open_regular
 
 DIGEST_FILE = "digest"
+MAX_RECORD_BYTES = 16 << 20  # a record's payload at most (a record of 8 GPUs is ~10 KB compressed)
 _HEADER = struct.Struct("<QII")  # through, payload length, CRC-32 of both and the payload
 
 
@@ -86,7 +87,9 @@ class DigestWriter:
 
 def read_records(folder: str, event_size: int) -> tuple[RunDigest | None, int]:
     """The merged digest records in the index `folder` of an event file of `event_size` bytes, and the bytes they
-    cover; (None, 0) where it has none; DigestMismatch where a record is damaged or disagrees with the event file."""
+    cover; (None, 0) where it has none; DigestMismatch where it cannot be read (not a regular file: it is opened as
+    event files are), or a record is damaged, longer than `MAX_RECORD_BYTES` or disagrees with the event file.
+    Read a record at a time: what is held is the merged digest and one record."""
     path = os.path.join(folder, DIGEST_FILE)
     try:
         fd = open_regular(path)
@@ -95,28 +98,33 @@ def read_records(folder: str, event_size: int) -> tuple[RunDigest | None, int]:
     except OSError as error:
         raise DigestMismatch(f"cannot read its digest: {error.strerror or error}") from None
     try:
-        data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+        size = os.fstat(fd).st_size
+        merged, through, at = None, 0, 0
+        while at + _HEADER.size <= size:
+            header = os.pread(fd, _HEADER.size, at)
+            if len(header) < _HEADER.size:
+                break  # cut while read
+            end, length, crc = _HEADER.unpack(header)
+            if length > MAX_RECORD_BYTES:
+                raise DigestMismatch(f"a digest record at byte {at} claims {length} bytes")
+            payload = os.pread(fd, length, at + _HEADER.size)
+            if len(payload) < length:
+                break  # a torn last record: the writer is writing it, or died
+            if zlib.crc32(payload, zlib.crc32(header[:12])) != crc:
+                raise DigestMismatch(f"a digest record's checksum fails at byte {at}")
+            if end < through:
+                raise DigestMismatch(f"a digest record goes back to byte {end}")
+            try:
+                digest = RunDigest.loads(payload)
+            except ValueError as error:
+                raise DigestMismatch(f"a digest record at byte {at} is not one: {error}") from None
+            if merged is None:
+                merged = digest
+            else:
+                merged.merge(digest)
+            through, at = end, at + _HEADER.size + length
     finally:
         os.close(fd)
-    merged, through, at = None, 0, 0
-    while at + _HEADER.size <= len(data):
-        end, size, crc = _HEADER.unpack_from(data, at)
-        payload = data[at + _HEADER.size: at + _HEADER.size + size]
-        if len(payload) < size:
-            break  # a torn last record: the writer is writing it, or died
-        if zlib.crc32(payload, zlib.crc32(data[at:at + 12])) != crc:
-            raise DigestMismatch(f"a digest record's checksum fails at byte {at}")
-        if end < through:
-            raise DigestMismatch(f"a digest record goes back to byte {end}")
-        try:
-            digest = RunDigest.loads(payload)
-        except ValueError as error:
-            raise DigestMismatch(f"a digest record at byte {at} is not one: {error}") from None
-        if merged is None:
-            merged = digest
-        else:
-            merged.merge(digest)
-        through, at = end, at + _HEADER.size + size
     if merged is not None and through > event_size:
         raise DigestMismatch(f"its digest covers {through} bytes of events, the event file holds fewer")
     return merged, through

@@ -22,14 +22,11 @@ import os
 import time
 from typing import Any
 
-import numpy as np
-
 from rnnmon.format import schema
 from rnnmon.format.digest import RunDigest
 from rnnmon.format.digest_file import DigestMismatch, digested, read_records
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor
 from rnnmon.format.index import (
-    DIRECTORY,
     FileIndex,
     IndexMismatch,
     devices_in,
@@ -37,6 +34,7 @@ from rnnmon.format.index import (
     listed_documents,
     listed_through,
     marked_event,
+    read_directory,
     stored_by,
 )
 from rnnmon.format.reader import TAIL_GRACE_S, RunData, RunReader, Stored, decode_chunks
@@ -52,13 +50,12 @@ def _check_counts(event_path: str, digest: RunDigest, through: int) -> None:
     """The digest's steps and gaps are the rows the index's chunk directory names before `through`."""
     folder = index_folder(event_path)
     counted = {"steps": 0, "gaps": 0}
+    event_size = os.path.getsize(event_path)
     for name in os.listdir(folder):
         kind = "steps" if name == "dir.steps" else "gaps" if name.startswith("dir.gaps.") else None
         if kind is None:
             continue
-        with open(os.path.join(folder, name), "rb") as file:
-            raw = file.read()
-        entries = np.frombuffer(raw, dtype=DIRECTORY, count=len(raw) // DIRECTORY.itemsize)
+        entries = read_directory(os.path.join(folder, name), event_size)
         counted[kind] += int(entries["rows"][entries["offset"] < through].sum())
     if (counted["steps"], counted["gaps"]) != (digest.steps.rows, digest.gaps.rows):
         raise DigestMismatch(f"its digest holds {digest.steps.rows} steps and {digest.gaps.rows} gaps before byte "
@@ -102,14 +99,12 @@ def _overlapping(paths: list[str]) -> bool:
     cannot be merged in file order, so the run is read whole (segments of one writer follow each other)."""
     spans = []
     for path in paths:
-        name = os.path.join(index_folder(path), "dir.steps")
-        size = os.path.getsize(name) if os.path.isfile(name) else 0
-        if size >= DIRECTORY.itemsize:
-            with open(name, "rb") as file:
-                first = np.frombuffer(file.read(DIRECTORY.itemsize), dtype=DIRECTORY)[0]
-                file.seek((size // DIRECTORY.itemsize - 1) * DIRECTORY.itemsize)
-                last = np.frombuffer(file.read(DIRECTORY.itemsize), dtype=DIRECTORY)[0]
-            spans.append((float(first["t_first"]), float(last["t_last"])))
+        try:
+            entries = read_directory(os.path.join(index_folder(path), "dir.steps"), os.path.getsize(path))
+        except FileNotFoundError:
+            continue
+        if len(entries):  # (a run's dir.steps is small: one record per flush, 44 bytes)
+            spans.append((float(entries[0]["t_first"]), float(entries[-1]["t_last"])))
     spans.sort()
     return any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
 
@@ -129,7 +124,7 @@ def documents_reader(run_dir: str, run: str, tags: frozenset[str]) -> RunReader:
         try:
             through = listed_through(path)
             records = listed_documents(path, through) if through else None
-        except (IndexMismatch, OSError):
+        except Exception:  # any failure of one file's index: that file is read whole
             continue
         if records is not None:
             reader.update_from_records(name, records)
@@ -139,35 +134,44 @@ def documents_reader(run_dir: str, run: str, tags: frozenset[str]) -> RunReader:
 
 def read_run(run_dir: str, run: str) -> RunData | None:
     """`run` for a summary: its documents and phases (the events `dir.docs` lists, then those after the digest),
-    its large tables as a digest (`RunData.digest`); None where an event file has no index (read the run whole)."""
+    its large tables as a digest (`RunData.digest`); None where an event file has no index (read the run whole).
+    Any failure in reading its index or digest reads the run whole, with a note: never an exception."""
     try:
         names = sorted(n for n in os.listdir(run_dir) if EVENT_FILE_MARK in n)
     except OSError:
         return None
     paths = [os.path.join(run_dir, n) for n in names]
-    if not paths or not all(os.path.isdir(index_folder(p)) for p in paths) or _overlapping(paths):
+    if not paths or not all(os.path.isdir(index_folder(p)) for p in paths):
         return None
+    try:
+        if _overlapping(paths):
+            return None
+        return _read_indexed(run_dir, run, paths)
+    except Exception as error:  # a damaged index or digest of any kind: the data wins
+        why = str(error) if isinstance(error, (DigestMismatch, IndexMismatch, OSError)) else (
+            f"{type(error).__name__}: {error}")
+        data = RunReader(run).update_from_files(run_dir)
+        data.notes = [*data.notes, f"its digest disagrees with the data ({why}); read whole instead"]
+        return data
+
+
+def _read_indexed(run_dir: str, run: str, paths: list[str]) -> RunData:
     digest, errors, devices = RunDigest(), [], {}
     documents = RunReader(run, tags=DOCUMENT_TAGS)
     parts = []
-    try:
-        for path in paths:
-            part, through = read_records(index_folder(path), os.path.getsize(path))
-            if part is not None:
-                _check_counts(path, part, through)
-            parts.append((path, part or RunDigest(), through, listed_documents(path, through)))
-        listed = all(found is not None for *_, found in parts)  # else: an index from before dir.docs
-        for path, part, through, found in parts:
-            if listed:
-                documents.update_from_records(os.path.basename(path), found)
-            _tail(path, through, part, documents if listed else None, errors)
-            digest.merge(part)
-            for device, described in devices_in(path).items():
-                devices.setdefault(device, described)
-    except (DigestMismatch, IndexMismatch, OSError) as error:
-        data = RunReader(run).update_from_files(run_dir)
-        data.notes = [*data.notes, f"its digest disagrees with the data ({error}); read whole instead"]
-        return data
+    for path in paths:
+        part, through = read_records(index_folder(path), os.path.getsize(path))
+        if part is not None:
+            _check_counts(path, part, through)
+        parts.append((path, part or RunDigest(), through, listed_documents(path, through)))
+    listed = all(found is not None for *_, found in parts)  # else: an index from before dir.docs
+    for path, part, through, found in parts:
+        if listed:
+            documents.update_from_records(os.path.basename(path), found)
+        _tail(path, through, part, documents if listed else None, errors)
+        digest.merge(part)
+        for device, described in devices_in(path).items():
+            devices.setdefault(device, described)
     data = documents.data() if listed else documents.update_from_files(run_dir)
     data.digest = digest
     data.devices = {**devices, **data.devices}

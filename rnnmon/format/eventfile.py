@@ -107,14 +107,20 @@ class NotRegularFileError(OSError):
     """A path named like an event file that is not a regular file (a FIFO, a device, a folder): never read."""
 
 
-def open_regular(path: str) -> int:
-    """A read-only descriptor of the regular file at `path` (a link is followed, as TensorBoard does).
+def open_regular(path: str, follow_links: bool = True) -> int:
+    """A read-only descriptor of the regular file at `path` (a link is followed, as TensorBoard does, unless not
+    `follow_links`: then a link is a NotRegularFileError).
 
     Opened non-blocking, so a FIFO does not wait for a writer, and checked on the descriptor itself, so nothing
     swapped in after a check is read; anything but a regular file raises NotRegularFileError saying what it is.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-                 | getattr(os, "O_BINARY", 0))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags if follow_links else flags | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as error:
+        if error.errno == errno.ELOOP and not follow_links:
+            raise NotRegularFileError(errno.ELOOP, "not a regular file (a symbolic link)", path) from None
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -57,6 +57,7 @@ BLOCK = 64  # rows per level-0 record
 FAN = 16  # level-k records per level-k+1 record
 HEAD_STEP_BYTES = 64 << 10  # a file's head is read this much at a time, until what is looked for is found
 SCAN_BYTES = 1 << 20  # event bytes indexed in memory at a time (a run without an index): ~4 MB of rows at once
+READ_BYTES = 1 << 20  # index file bytes read at a time
 DRAWN_TAGS = (schema.STEPS_TAG, schema.PHASES_TAG, schema.GAPS_TAG)  # and the util and stats tags of every GPU
 DOCUMENTS = "dir.docs"  # the events holding a document or phases (a summary reads them; `FileIndex` does not)
 _SM = schema.STAT_COLUMNS.index("sm_activity_pct")
@@ -272,25 +273,33 @@ class IntervalPyramid(_Pyramid):
 
 # --- building: the writer's files, or memory --------------------------------------------------------------
 class IndexBuilder:
-    """Turns located chunks into index records, handed to `sink(name, records)`."""
+    """Turns located chunks into index records, handed to `sink(name, records)`; a series named in `since` takes
+    only the chunks of events from that byte on (a reader's disk index holds the ones before)."""
 
-    def __init__(self, sink: Any) -> None:
+    def __init__(self, sink: Any, since: dict[str, int] | None = None) -> None:
         self._sink = sink
         self.series: dict[str, PointPyramid | IntervalPyramid] = {}
+        self.since = since or {}
 
     def add(self, tag: str, rows: np.ndarray, step: int, offset: int, length: int) -> None:
         """One chunk of `tag` (float64 rows, v1 columns) in the event at `offset` (framed `length` bytes)."""
         self.add_many(tag, rows, [len(rows)], [step], [offset], [length])
 
     def add_many(self, tag: str, rows: np.ndarray, counts: list[int], steps: list[int], offsets: list[int],
-                 lengths: list[int]) -> None:
-        """Chunks of `tag`, in file order: `counts[i]` rows of `rows` from the event at `offsets[i]`."""
+                 lengths: list[int], at: list[int] | None = None) -> None:
+        """Chunks of `tag`, in file order: `counts[i]` rows of `rows` from the event at `offsets[i]` (`at[i]`: where
+        it lies, for `since`, where the offset recorded is not that)."""
         if not len(rows) or not drawn(tag):
             return
         chunk = np.repeat(np.arange(len(counts)), counts)
+        events = np.asarray(offsets if at is None else at)[chunk]
         for name, parts, used in _series_rows(tag, rows):
+            since = self.since.get(name, 0)
+            if since:
+                keep = events[used] >= since
+                parts, used = tuple(x[keep] for x in parts), used[keep]
             if name == "steps":  # the directory spans each fit's warm-up step too, as a run's extent does
-                used = np.arange(len(rows))
+                used = np.flatnonzero(events >= since)
             if not len(used):
                 continue
             ids = chunk[used]
@@ -482,6 +491,8 @@ class FileIndex:
                     self._open_disk()
                 except IndexMismatch as error:
                     self._distrust(str(error))
+                except Exception as error:  # any other failure of the index: the data wins, with a note
+                    self._distrust(f"{type(error).__name__}: {error}")
         self._scan_rest()
 
     def _version(self) -> tuple[tuple[str, int], ...]:
@@ -507,41 +518,59 @@ class FileIndex:
         self.disk = Part()
         self._restart(0)
 
-    def _restart(self, offset: int) -> None:
+    def _restart(self, offset: int, since: dict[str, int] | None = None) -> None:
         self._cursor = RecordCursor(offset)
         self._sink = _MemorySink()
-        self._builder = IndexBuilder(self._sink)
+        self._builder = IndexBuilder(self._sink, since)
         self.memory = Part()
 
     def _open_disk(self) -> None:
         """Map the index files (whole records only), check them against the event file, read the rows after
-        each series' last level-0 record; the scan of the event file starts after the last chunk they name."""
+        each series' last level-0 record. Each series is read from the index as far as its chunk directory
+        reaches, and from the event file after that: the scan starts at the directory that reaches least (a
+        lagging file: an upload pass that failed midway); a series whose directory is lost is read from the event
+        file whole (its pyramid set aside, with a note)."""
         arrays: dict[str, np.ndarray] = {}
         for name, size in self._disk_version or ():
             count = size // dtype_of(name).itemsize
             if count:
                 arrays[name] = _mapped(os.path.join(self.folder, name), dtype_of(name), count)
-        end = 0
-        for name, array in arrays.items():
-            if not intact(array[-1:]) or not intact(array[:1]):
-                raise IndexMismatch(f"{name}: a record's checksum fails")
-            if name.startswith("dir."):
-                end = max(end, int(array[-1]["offset"]) + int(array[-1]["length"]))
         try:
             event_size = os.path.getsize(self.path)
         except OSError:
             event_size = 0
+        reach: dict[str, int] = {}
+        for name, array in arrays.items():
+            if not intact(array[-1:]) or not intact(array[:1]):
+                raise IndexMismatch(f"{name}: a record's checksum fails")
+            if name.startswith("dir."):
+                if len(array) > event_size // MIN_EVENT_BYTES + 1:
+                    raise IndexMismatch(f"{name} names more events than the event file holds")
+                reach[name[4:]] = int(array[-1]["offset"]) + int(array[-1]["length"])
+        end = max(reach.values(), default=0)
         if end > event_size:
             raise IndexMismatch(f"it names {end} bytes of events, the event file holds {event_size}")
+        lost = sorted({name.rsplit(".L", 1)[0] for name in arrays if not name.startswith("dir.")} - set(reach))
+        for series in lost:
+            self.notes.append(f"{os.path.basename(self.path)}: its reading index lacks {_dir_name(series)}; "
+                              f"{series} is read from the event file instead")
+            arrays = {name: array for name, array in arrays.items() if name.rsplit(".L", 1)[0] != series}
+        last_time = {}
         for name, array in arrays.items():  # the last chunk of each series is where the index says, as it says
             if name.startswith("dir."):
-                self._chunk(array[-1], _tag_of(name[4:]))
+                rows = self._chunk(array[-1], _tag_of(name[4:]))
+                times = [parts[0] for found, parts in series_of(_tag_of(name[4:]), rows) if found == name[4:]]
+                last_time[name[4:]] = float(times[0].max()) if times and len(times[0]) else -np.inf
+        for name in list(arrays):  # a pyramid ahead of its directory: only the records the directory covers
+            series = name.rsplit(".L", 1)[0]
+            if not name.startswith("dir.") and series in last_time:
+                arrays[name] = arrays[name][:_bisect(arrays[name], "t_last", last_time[series], "right")]
         part = Part(arrays, mapped=frozenset(arrays))
         for name in arrays:
             if name.startswith("dir."):
                 part.rest[name[4:]] = self._rest_of(part, name[4:])
         self.disk = part
-        self._restart(end)
+        self._restart(0 if lost else min(reach.values(), default=0), reach)
 
     def _rest_of(self, part: Part, series: str) -> tuple[np.ndarray, ...]:
         """The rows of `series` after its last level-0 record, read from the chunks its directory names."""
@@ -578,23 +607,22 @@ class FileIndex:
                 self._errors[f"{os.path.basename(self.path)}: truncated: the file ends inside the record at byte "
                              f"{scan.offset}"] = None
             position = start
-            staged: dict[str, list[tuple[int, int, int, Any]]] = {}
+            staged: dict[str, list[tuple[int, int, int, int, Any]]] = {}
             for record in scan.records:
                 length = len(record) + 16
                 where = (position, length) if scan.problem is None else (0, 0)  # not located: never read back
-                position += length
                 event = marked_event(record, _MARKS)
-                if event is None:
-                    continue
-                for value in event.summary.value:
-                    if drawn(value.tag):
-                        self._learn(value)
-                        staged.setdefault(value.tag, []).append((event.step, *where, value.tensor))
+                if event is not None:
+                    for value in event.summary.value:
+                        if drawn(value.tag):
+                            self._learn(value)
+                            staged.setdefault(value.tag, []).append((event.step, *where, position, value.tensor))
+                position += length
             for tag, chunks in staged.items():
                 tensors = [tensor for *_, tensor in chunks]
                 rows, counts, kept, failed = decode_chunks(tag, tensors, self._stored.get(tag))
                 self._errors.update(dict.fromkeys(f"{tag} at step {chunks[i][0]}: {error}" for i, error in failed))
-                self._builder.add_many(tag, rows, counts, *([chunks[i][n] for i in kept] for n in range(3)))
+                self._builder.add_many(tag, rows, counts, *([chunks[i][n] for i in kept] for n in range(4)))
                 grew = True
         if grew:
             self.memory = Part(self._sink.arrays(), {
@@ -640,6 +668,38 @@ class FileIndex:
 
 _INDEX_FILE = re.compile(r"dir\.(steps|util\d+|sm\d+|gaps\.d-?\d+\.c\d+|phases\.k\d+)"
                          r"|(steps|util\d+|sm\d+|gaps\.d-?\d+\.c\d+|phases\.k\d+)\.L\d+")
+
+
+MIN_EVENT_BYTES = 16  # an event's framing alone: a chunk directory names at most one record per this many bytes
+
+
+def read_directory(path: str, event_size: int, last: bool = False) -> np.ndarray:
+    """Every whole record of the chunk directory (`dir.*`) at `path` (with `last`, the last one only), read as
+    event files are read: a regular file only, opened non-blocking, its size taken from the descriptor.
+    IndexMismatch where it cannot be read, or names more events than an event file of `event_size` bytes can hold
+    (a huge sparse file is refused before any read); FileNotFoundError where there is none."""
+    name = os.path.basename(path)
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise IndexMismatch(f"cannot read {name}: {error.strerror or error}") from None
+    try:
+        count = os.fstat(fd).st_size // DIRECTORY.itemsize
+        if count > event_size // MIN_EVENT_BYTES + 1:
+            raise IndexMismatch(f"{name} names {count} events, more than its event file of {event_size} bytes holds")
+        first = count - 1 if last and count else 0
+        data = bytearray()
+        while len(data) < (count - first) * DIRECTORY.itemsize:
+            piece = os.pread(fd, min(READ_BYTES, (count - first) * DIRECTORY.itemsize - len(data)),
+                             first * DIRECTORY.itemsize + len(data))
+            if not piece:
+                break  # cut while read: its whole records so far
+            data += piece
+    finally:
+        os.close(fd)
+    return np.frombuffer(bytes(data), dtype=DIRECTORY, count=len(data) // DIRECTORY.itemsize)
 
 
 def _mapped(path: str, dtype: np.dtype, count: int) -> np.ndarray:
@@ -699,22 +759,23 @@ def stored_by(value: Any) -> Stored | None:
 
 
 def listed_documents(event_path: str, through: int) -> list[bytes] | None:
-    """The records of the events `dir.docs` lists before byte `through`, each checked (framing, both checksums);
-    None where the index has no `dir.docs` (written before it: scan the file instead); IndexMismatch where a listed
-    event is not whole."""
-    path = os.path.join(index_folder(event_path), DOCUMENTS)
-    if not os.path.isfile(path):
+    """The records of the events `dir.docs` lists before byte `through`, each checked (framing, both checksums,
+    each after the one before); None where the index has no `dir.docs` (written before it: scan the file instead);
+    IndexMismatch where `dir.docs` cannot be read or a listed event is not whole."""
+    try:
+        event_size = os.path.getsize(event_path)
+        entries = read_directory(os.path.join(index_folder(event_path), DOCUMENTS), event_size)
+    except FileNotFoundError:
         return None
-    with open(path, "rb") as file:
-        raw = file.read()
-    entries = np.frombuffer(raw, dtype=DIRECTORY, count=len(raw) // DIRECTORY.itemsize)
     if not intact(entries):
         raise IndexMismatch(f"{DOCUMENTS}: a record's checksum fails")
     entries = entries[entries["offset"] < through]
-    records = []
+    records, after = [], 0
     fd = open_regular(event_path)
     try:
         for offset, length in zip(entries["offset"].tolist(), entries["length"].tolist()):
+            if offset < after or offset + length > event_size:  # listed twice, overlapping, or past the file
+                raise IndexMismatch(f"no whole event at byte {offset}, where {DOCUMENTS} lists one")
             data = os.pread(fd, length, offset)
             size = length - 16
             if (len(data) != length or length < 16 or struct.unpack_from("<Q", data)[0] != size
@@ -722,6 +783,7 @@ def listed_documents(event_path: str, through: int) -> list[bytes] | None:
                     or struct.unpack_from("<I", data, 12 + size)[0] != masked_crc32c(data[12:12 + size])):
                 raise IndexMismatch(f"no whole event at byte {offset}, where {DOCUMENTS} lists one")
             records.append(data[12:12 + size])
+            after = offset + length
     finally:
         os.close(fd)
     return records
@@ -730,7 +792,8 @@ def listed_documents(event_path: str, through: int) -> list[bytes] | None:
 def listed_through(event_path: str) -> int:
     """The end of the last event the index of `event_path` names (0: none, or no index): every document event
     before it is in `dir.docs` (a flush writes `dir.*` before its other files, `dir.docs` first, whole records in
-    step order). IndexMismatch where a last record fails its checksum or names bytes past the event file's end."""
+    step order). IndexMismatch where a directory cannot be read, or its last record fails its checksum or names
+    bytes past the event file's end."""
     end = 0
     folder = index_folder(event_path)
     try:
@@ -738,18 +801,18 @@ def listed_through(event_path: str) -> int:
                  if name == DOCUMENTS or (name.startswith("dir.") and _INDEX_FILE.fullmatch(name))]
     except OSError:
         return 0
+    event_size = os.path.getsize(event_path)
     for name in names:
-        path = os.path.join(folder, name)
-        size = os.path.getsize(path) // DIRECTORY.itemsize * DIRECTORY.itemsize if os.path.isfile(path) else 0
-        if size:
-            with open(path, "rb") as file:
-                file.seek(size - DIRECTORY.itemsize)
-                last = np.frombuffer(file.read(DIRECTORY.itemsize), dtype=DIRECTORY)
-            if not intact(last):
-                raise IndexMismatch(f"{name}: a record's checksum fails")
+        try:
+            last = read_directory(os.path.join(folder, name), event_size, last=True)
+        except FileNotFoundError:
+            continue
+        if not intact(last):
+            raise IndexMismatch(f"{name}: a record's checksum fails")
+        if len(last):
             end = max(end, int(last[0]["offset"]) + int(last[0]["length"]))
-    if end > os.path.getsize(event_path):
-        raise IndexMismatch(f"it names {end} bytes of events, the event file holds {os.path.getsize(event_path)}")
+    if end > event_size:
+        raise IndexMismatch(f"it names {end} bytes of events, the event file holds {event_size}")
     return end
 
 

@@ -731,7 +731,7 @@ def _check_description(doc: dict[str, Any]) -> None:
         if doc.get(key) is not None and not isinstance(doc[key], types):
             raise InvalidRecord(f"run description field {key!r} is a {type(doc[key]).__name__}")
     for key in ("start", "end", "idle_pct", "steps", "steps_per_execution", "fetch_floor_ms", "callback_steps",
-                "distributed_split_ms", "partial_batch_ms"):
+                "callback_batches", "distributed_split_ms", "partial_batch_ms"):
         if doc.get(key) is not None and not _is_number(doc[key]):
             raise InvalidRecord(f"run description field {key!r} is not a finite number: {doc[key]!r:.40}")
 

@@ -26,9 +26,10 @@ PLUGIN_NAME = "rnnmon"
 FORMAT_VERSION = series.FORMAT_VERSION
 RUN_SUBDIR = "rnnmon"  # a run is `<log_dir>/rnnmon`, or `<log_dir>/<worker>/rnnmon` for a worker of a job
 TASK_TYPES = ("chief", "master", "worker", "ps", "evaluator")  # TF_CONFIG's task types (TensorFlow, Cloud AI)
-# A worker's folder name, whole (fullmatch): one of TASK_TYPES (or JAX's `process`), a dash and its index. Only these
-# names become folders (rnnmon.capture.workers), so a worker's run is always one the tab recognises.
-WORKER_DIR = re.compile(rf"({'|'.join(TASK_TYPES)}|process)-(\d{{1,6}})")
+# A worker's folder name, whole (fullmatch): one of TASK_TYPES (or JAX's `process`), a dash and its index, in ASCII
+# digits without leading zeros (`\d` took `worker-١٢`, `worker-１２` and `worker-000001` for workers 12, 12 and 1).
+# Only these names become folders (rnnmon.capture.workers), so a worker's run is always one the tab recognises.
+WORKER_DIR = re.compile(rf"({'|'.join(TASK_TYPES)}|process)-(0|[1-9][0-9]{{0,5}})")
 # A worker's run, `[job/]worker-<index>/rnnmon`, in the syntax Python and JavaScript share (the tab compiles it)
 WORKER_RUN = re.compile(rf"(^|/)(?:{WORKER_DIR.pattern})/{re.escape(RUN_SUBDIR)}$")
 

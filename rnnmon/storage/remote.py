@@ -15,15 +15,19 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from typing import Any
 
 SCHEMES = ("gs", "gcs", "s3", "s3a")  # the schemes rnnmon writes and reads; others are local paths as before
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*)://", re.I)
 TIMEOUT_S = 20.0  # one request's connect and read deadline: a dead network costs an upload pass, not a hang
+DEADLINE_S = 60.0  # one call (a put, with the library's retries), given up after this (`RNNMON_REQUEST_DEADLINE_S`)
 
 
 def is_remote(path: str | os.PathLike | None) -> bool:
@@ -93,12 +97,54 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, fs._strip_protocol(url).rstrip("/")
 
 
+class ForeignFolder(PermissionError):
+    """A staging or cache folder that is a link, not a folder, or another user's: never written or read."""
+
+
+def bounded(fs: Any, method: str, *args: Any) -> Any:
+    """`fs.<method>(*args)`, given up after `deadline_s()` (fsspec's FSTimeoutError, the call cancelled) where `fs`
+    is asynchronous (s3fs, gcsfs): against an endpoint that accepts connections and never answers, a put to S3
+    outlasted its 20 s request deadline for good (still running after 200 s here)."""
+    call = getattr(fs, f"_{method}", None)
+    if not getattr(fs, "async_impl", False) or call is None:
+        return getattr(fs, method)(*args)
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, call, *args, timeout=deadline_s())
+
+
+def deadline_s() -> float:
+    """`RNNMON_REQUEST_DEADLINE_S`, else `DEADLINE_S`."""
+    try:
+        return max(float(os.environ.get("RNNMON_REQUEST_DEADLINE_S", DEADLINE_S)), 1.0)
+    except ValueError:
+        return DEADLINE_S
+
+
 def local_folder(kind: str, url: str, base: str | None = None) -> str:
     """A folder of this host for `url` (`kind`: "staging" or "cache"): `$RNNMON_<KIND>_DIR`, else under the
-    temporary folder, one per redacted URL."""
+    temporary folder, one per redacted URL. The base and the folder are created private (0700) and must be
+    folders of this user, not links: one another user made (the temporary folder is everyone's) is refused with
+    ForeignFolder, since its owner could read the run or plant links in it."""
     base = base or os.environ.get(f"RNNMON_{kind.upper()}_DIR") or os.path.join(tempfile.gettempdir(),
                                                                                  f"rnnmon-{kind}")
     clean = redact(url)
     digest = hashlib.sha256(clean.encode()).hexdigest()[:16]
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", clean.split("://", 1)[1])[-60:]
-    return os.path.join(base, f"{label}-{digest}")
+    folder = os.path.join(base, f"{label}-{digest}")
+    os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
+    for path in (base, folder):
+        _own_folder(kind, path)
+    return folder
+
+
+def _own_folder(kind: str, path: str) -> None:
+    """Create `path` (0700) where missing; ForeignFolder where it is not a folder of this user."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    why = ("is not a folder (a link or a file)" if not stat.S_ISDIR(info.st_mode)
+           else f"belongs to another user (uid {info.st_uid})" if info.st_uid != os.getuid() else None)
+    if why:
+        raise ForeignFolder(errno.EACCES, f"the {kind} folder {why}; rnnmon uses only a folder of its own user "
+                            f"there: set RNNMON_{kind.upper()}_DIR to one", path)

@@ -6,7 +6,8 @@ other file written there: profiles, reading indexes), each whole, once it change
 `interval_s` (the growing event file is re-put at that bounded rate; a finished segment is put once more after
 its last write). A run's reading index (`rnnmon-index/`) goes with every `INDEX_EVERY`-th pass and the last,
 before the event files, so the bucket's index never names events its copy of the event file lacks; readers read
-the events after it from the event file. Training never waits for it: each request has a deadline (`remote.TIMEOUT_S`).
+the events after it from the event file. Training never waits for it: each request has a deadline (`remote.TIMEOUT_S`),
+and each put one in all (`remote.bounded`: a request that outlasts its own deadline is given up).
 
 A failure (network down, throttled bucket, expired token) logs one warning, then the pass is retried with
 backoff (up to `MAX_BACKOFF_S`); the files stay in the staging folder, so nothing written is lost. The next good
@@ -27,10 +28,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import threading
 import time
 from typing import Any
 
+from rnnmon.format.eventfile import NotRegularFileError, open_regular
 from rnnmon.format.index import INDEX_DIR
 from rnnmon.storage import remote
 
@@ -56,15 +59,29 @@ class Uploader:
         self._last_pass = -1e18  # monotonic time of the last pass that put what was due
         self._passes = 0  # passes that put what was due: every INDEX_EVERY-th (from the first) puts the indexes too
         self._failing = False
+        self._refused: set[str] = set()  # paths warned about: not regular files
+        self._given_up = False  # the last pass was given up after `close()`, with a warning
         self._closing = threading.Event()
         self._done = threading.Event()
         self.failures = 0  # passes that failed
-        # not a daemon: the interpreter's exit joins it before it shuts down what a request needs (threads for
-        # name lookups); it ends by itself (see `_run`), so the exit waits at most EXIT_WAIT_S for it
-        self._thread = threading.Thread(target=self._run, name="rnnmon-upload")
+        # a daemon, waited for at the interpreter's exit before it shuts down what a request needs (threads for
+        # name lookups), as concurrent.futures waits for its workers: a pass that hangs (a request past its
+        # deadline, a read) holds the exit EXIT_WAIT_S at most, never for good
+        self._thread = threading.Thread(target=self._run, name="rnnmon-upload", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        threading._register_atexit(self._wait_at_exit)  # the hook concurrent.futures uses
+
+    def _wait_at_exit(self) -> None:
+        """At the interpreter's exit: the thread has `exit_wait_s()` for its last pass (it sees the main thread
+        gone within `poll_s`); then one warning names what stays in staging, and the exit goes on."""
+        self._thread.join(exit_wait_s() + self._poll_s + 1.0)
+        if not self._done.is_set() and not self._given_up:
+            LOG.warning("rnnmon: %d file(s) were not uploaded to %s within %.0f s of the exit%s; they are kept in %s "
+                        "(a later monitor of this log directory on this host uploads them).", len(self.pending()),
+                        self.shown, exit_wait_s(), " (a request or a read hangs)" if self._thread.is_alive() else "",
+                        self.local_dir)
 
     def close(self) -> None:
         """Ask for the last pass (every changed file, whatever its interval); returns at once."""
@@ -98,6 +115,9 @@ class Uploader:
                 self._pause(self._poll_s)
                 continue
             if final and time.monotonic() + backoff > deadline:
+                if exiting:
+                    return  # `_wait_at_exit` names what stays
+                self._given_up = True
                 LOG.warning("rnnmon: %d file(s) were not uploaded to %s; they are kept in %s (a later monitor of "
                             "this log directory on this host uploads them).", len(self.pending()), self.shown,
                             self.local_dir)
@@ -129,9 +149,10 @@ class Uploader:
             for rel, key in self._files():
                 if self._put.get(rel) == key or (_in_index(rel) and not indexes):
                     continue
-                with open(os.path.join(self.local_dir, rel), "rb") as f:
-                    data = f.read(key[0])  # the bytes the size promised: never a longer, half-written tail
-                self._fs.pipe_file(remote.join(self._root, rel), data)
+                data = _read_regular(os.path.join(self.local_dir, rel), key[0])
+                if data is None:
+                    continue  # swapped for a link or a FIFO since the walk
+                remote.bounded(self._fs, "pipe_file", remote.join(self._root, rel), data)
                 self._put[rel] = (len(data), key[1])
             self._last_pass, self._passes = now, self._passes + 1
         except Exception as error:
@@ -150,7 +171,8 @@ class Uploader:
     def _files(self) -> list[tuple[str, tuple[int, int]]]:
         """(relative path, (size, mtime ns)) of every regular file under the folder: the reading indexes first, then
         the others, each oldest change first. The writer writes an event file before its index, so an index put
-        before its event file never names events the bucket's copy lacks (a reader would set it aside)."""
+        before its event file never names events the bucket's copy lacks (a reader would set it aside). Anything
+        else (a link, whatever it points to; a FIFO; a device) is never read: one warning names it."""
         found = []
         for folder, _, names in os.walk(self.local_dir):
             for name in names:
@@ -158,10 +180,19 @@ class Uploader:
                     continue
                 path = os.path.join(folder, name)
                 with contextlib.suppress(OSError):
-                    st = os.stat(path)
+                    st = os.lstat(path)
+                    if not stat.S_ISREG(st.st_mode):
+                        self._refuse(path)
+                        continue
                     found.append((st.st_mtime_ns, os.path.relpath(path, self.local_dir), st.st_size))
         return [(rel, (size, mtime)) for _, mtime, rel, size in sorted((not _in_index(rel), mtime, rel, size)
                                                                      for mtime, rel, size in found)]
+
+    def _refuse(self, path: str) -> None:
+        if path not in self._refused:
+            self._refused.add(path)
+            LOG.warning("rnnmon: %s is not uploaded: only regular files of the staging folder are (it is a link, "
+                        "a FIFO or a device).", path)
 
     def _cleanup(self) -> None:
         """Remove the uploaded files from staging (what was not uploaded stays)."""
@@ -169,6 +200,26 @@ class Uploader:
             if self._put.get(rel) == key:
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(self.local_dir, rel))
+
+
+def _read_regular(path: str, size: int) -> bytes | None:
+    """At most `size` bytes of the regular file at `path` (the size the walk saw: never a longer, half-written
+    tail), opened without following a link and without blocking; None where it is not a regular file."""
+    try:
+        fd = open_regular(path, follow_links=False)
+    except NotRegularFileError:
+        return None
+    try:
+        size = min(size, os.fstat(fd).st_size)
+        data = bytearray()
+        while len(data) < size:
+            piece = os.read(fd, min(size - len(data), 1 << 20))
+            if not piece:
+                break
+            data += piece
+        return bytes(data)
+    finally:
+        os.close(fd)
 
 
 def exit_wait_s() -> float:

@@ -79,7 +79,7 @@ class RemoteRuns:
         """Download what changed and reload the listing; a failure is logged once until a sync works again."""
         try:
             self.mirror.sync()
-        except OSError as error:
+        except Exception as error:  # any failure: the thread lives on and syncs again (a NUL in a key killed it)
             if not self._failing:
                 self._failing = True
                 LOG.warning("rnnmon: the tab cannot read %s (%s); it shows the copy last read and retries every "

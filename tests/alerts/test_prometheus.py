@@ -118,6 +118,18 @@ def test_the_live_verdict_counts_only_the_wait_beyond_the_fetch_floor(floor_s, e
     assert exporter.registry.get_sample_value("rnnmon_verdict", labels) == 1.0
 
 
+def test_the_live_verdict_judges_a_sampled_wait_on_the_timed_executions():
+    # steps_per_execution=8, one execution in 16 timed: 60 ms of its 80 ms waited, the others' wait unknown (NaN).
+    from rnnmon.alerts.prometheus import PrometheusExporter
+
+    exporter = PrometheusExporter()
+    rows = [(8 * (k + 1), 0, 0.08 * k, 0.08 * (k + 1), 0.06 if k % 16 == 1 else float("nan"), 0.0, 8)
+            for k in range(64)]
+    exporter.on_chunk({"steps": rows, "util": {}, "gaps": [], "fetch_floor_s": 0.0})
+    labels = {"job": "rnnmon", "worker": "0", "verdict": "input-bound"}
+    assert exporter.registry.get_sample_value("rnnmon_verdict", labels) == 1.0
+
+
 def test_the_live_verdict_counts_compiles_as_the_report_does():
     """Two steps in three compile for 0.5 s (a new sequence length under XLA): the median step is a compile."""
     from rnnmon.alerts.prometheus import PrometheusExporter

@@ -157,3 +157,20 @@ def test_relabelling_moves_an_owners_series_to_its_worker_name_and_still_closes_
     del owner, exporter
     gc.collect()
     assert wait_for(lambda: refused(port))  # the relabelled hold goes with its owner
+
+
+def test_a_link_planted_as_the_file_sd_temporary_file_is_never_written_through(tmp_path):
+    """The `.tmp` file was opened through a planted symlink: the link's target was overwritten."""
+    port = free_port()
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    os.symlink(victim, sd_dir / f"127.0.0.1-{port}.json.tmp")
+    monitor = UtilizationMonitor(str(tmp_path / "run"), prometheus_port=port, prometheus_sd_dir=str(sd_dir))
+    assert monitor.prometheus_port == port
+    assert victim.read_text() == "precious"
+    target = sd_dir / f"127.0.0.1-{port}.json"
+    assert not target.is_symlink() and json.loads(target.read_text())[0]["targets"] == [f"127.0.0.1:{port}"]
+    del monitor
+    gc.collect()

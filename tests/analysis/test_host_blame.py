@@ -37,6 +37,28 @@ def test_host_bound_names_the_slow_callback_and_its_cost(tmp_path):
     assert "on_train_batch_end" not in vars(slow)  # the timing is removed after the fit
 
 
+@pytest.mark.usefixtures("no_nvml")
+def test_callback_time_is_per_batch_at_steps_per_execution_8(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    class SleepsAfterEachExecution(keras.callbacks.Callback):
+        slept_s = 0.0
+
+        def on_train_batch_end(self, batch, logs=None):
+            start = time.perf_counter()
+            time.sleep(0.008)
+            self.slept_s += time.perf_counter() - start
+
+    x, y = sequences(8 * 8)
+    sleeper = SleepsAfterEachExecution()
+    tiny_model(steps_per_execution=8).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH), epochs=1,
+                                          verbose=0, callbacks=[UtilizationMonitor(str(tmp_path)), sleeper])
+    per_batch_ms = summarize(read_run(str(tmp_path)))["callback_ms_per_step"]["SleepsAfterEachExecution"]
+    # Its hook ran once per execution of 8 batches: per batch that is an eighth of each sleep.
+    assert per_batch_ms == pytest.approx(1e3 * sleeper.slept_s / 64, rel=0.1)
+
+
 def _sleeps_in_its_hooks():
     """Host work every 10th batch in both batch hooks (a remote logger, a metric on a held-out sample)."""
     import keras

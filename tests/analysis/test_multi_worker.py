@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from conftest import TESTS
 
 from rnnmon.analysis.stragglers import compare_workers
 from rnnmon.findings import amdahl
+from rnnmon.format import schema
 from rnnmon.format.reader import read_logdir
 from rnnmon.report import build_report, render_text
 
@@ -392,3 +394,19 @@ def test_workers_level_within_5_percent_raise_nothing():
     rows = [_worker("worker-0", 50.0, 0.5, 0.40), _worker("worker-1", 50.0, 2.9, 0.37),
             _worker("worker-2", 50.0, 0.6, 0.41)]
     assert compare_workers(rows)[0]["findings"] == []  # 2.4 ms (4.8%) of stall, 4% idle: GPU sampling noise
+
+
+def test_worker_indexes_are_ascii_digits_without_leading_zeros(caplog):
+    """Python's `\\d` matches any Unicode digit: `worker-١٢`, `worker-１２` and `worker-000001` were compared as workers
+    12, 12 and 1 (beside the real `worker-12` and `worker-1`)."""
+    from rnnmon.analysis.stragglers import worker_of
+    from rnnmon.capture.workers import worker_name
+
+    for name in ("worker-١٢", "worker-１２", "worker-000001", "worker-01", "process-٣"):
+        assert worker_of(f"job/{name}/rnnmon") is None, name
+        assert not re.search(schema.WORKER_RUN.pattern, f"job/{name}/rnnmon"), name  # the tab's pattern too
+    for name in ("worker-0", "worker-12", "chief-999999", "process-3"):
+        assert worker_of(f"job/{name}/rnnmon") == ("job", name)
+    assert worker_name({"RANK": "١٢", "WORLD_SIZE": "20"}) is None
+    (error,) = [r.getMessage() for r in caplog.records if r.name == "rnnmon"]
+    assert "cannot name a worker's folder" in error

@@ -106,3 +106,67 @@ def test_a_pipeline_that_buckets_already_is_told_what_it_misses_not_to_bucket(tm
     [finding] = [f for f in summary["findings"] if f["code"] == "RECOMPILE"]
     assert "buckets already" in finding["advice"] and "pad_to_bucket_boundary=True" in finding["advice"]
     assert "bucket_by_sequence_length(length_fn" not in finding["advice"]
+
+
+TORCH_SCRIPT = textwrap.dedent("""
+    import numpy as np, keras, rnnmon
+
+    rng = np.random.default_rng(0)
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, index):
+            length = [5, 5, 9, 5, 13, 9, 17, 5, 21, 9, 25, 5][index]
+            return rng.normal(size=(8, length, 4)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
+
+    model = keras.Sequential([keras.Input((None, 4)), keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse", jit_compile=True)
+    model.fit(Batches(), epochs=1, verbose=0, callbacks=[rnnmon.UtilizationMonitor({logdir!r}, audit=False)])
+""")
+
+
+def test_torch_compile_counts_its_own_graphs(tmp_path):
+    """torch.compile compiles once more after the warm-up (its guards fail on the second call: a new length, or
+    the optimizer's state), then one graph with a dynamic length serves every other length."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    result = subprocess.run([sys.executable, "-c", TORCH_SCRIPT.format(logdir=str(tmp_path))], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = read_run(str(tmp_path))
+    assert run.info["compiles"] == "torch.compile"
+    [record] = run.compiles
+    assert record["step"] == 2 and record["source"] == "torch.compile" and record["count"] >= 1, record
+    summary = summarize(run)
+    assert summary["slow_step_count"]["recompile"] == 1 and summary["time_s"]["recompiles"] > 0.5
+
+
+def test_a_second_fit_on_programs_xla_already_compiled_compiles_nothing(tmp_path):
+    """`fit(epochs=1)` in a loop (as keras-io's examples do): XLA keeps its programs with Keras's train function."""
+    script = textwrap.dedent(f"""
+        import numpy as np, keras, rnnmon
+        rng = np.random.default_rng(0)
+        batches = [rng.normal(size=(8, length, 4)).astype("float32") for length in (5, 9, 13, 5, 9, 13)]
+
+        class Batches(keras.utils.PyDataset):
+            def __len__(self):
+                return len(batches)
+
+            def __getitem__(self, index):
+                return batches[index], np.zeros((8, 1), "float32")
+
+        model = keras.Sequential([keras.Input((None, 4)), keras.layers.LSTM(4), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse", jit_compile=True)
+        monitor = rnnmon.UtilizationMonitor({str(tmp_path)!r}, audit=False)
+        for _ in range(2):
+            model.fit(Batches(), epochs=1, verbose=0, callbacks=[monitor])
+    """)
+    result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "KERAS_BACKEND": "tensorflow"},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = read_run(str(tmp_path))
+    steps = [record["step"] for record in run.compiles]
+    assert len(steps) == 2 and max(steps) <= 6, run.compiles  # the first fit's lengths 9 and 13, once each

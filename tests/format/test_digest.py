@@ -7,6 +7,7 @@ import glob
 import os
 import shutil
 import struct
+import tracemalloc
 import zlib
 
 import numpy as np
@@ -188,3 +189,47 @@ def test_writers_whose_files_overlap_are_read_whole_and_summarized_as_before(tmp
     assert read_run(str(tmp_path / "run" / "rnnmon"), "run/rnnmon") is None
     from_digest, whole = _summaries(str(tmp_path))
     assert from_digest == whole and whole["steps"] == 120
+
+
+@pytest.mark.parametrize("header", [
+    b"[" * 100_000 + b"]" * 100_000,  # a JSON header nested 100,000 deep: RecursionError
+    b'[["steps.rows", [1e999]]]',  # a shape of 1e999: OverflowError
+], ids=["deep", "overflow"])
+def test_a_checksummed_digest_record_that_is_no_digest_reads_the_run_whole(long_run, tmp_path, header):
+    """Such records used to end `rnnmon report` with a traceback and no run, and answer `/summary` with a 500."""
+    copy = _copy(long_run, tmp_path)
+    path, records = _records(os.path.join(copy, "run", "rnnmon"))
+    _write_records(path, [(records[0][0], header + b"\n" + zlib.compress(b"")), *records[1:]])
+    _assert_the_data_wins(copy, "is not one: not a digest")
+
+
+def test_a_digest_record_inflating_past_its_cap_is_refused_without_inflating_it():
+    """A 3.1 MB record that inflates to 3 GiB cost the report 3 GB; a record's arrays are ~70 KB (214 KB for 8 GPUs):
+    inflation stops at 16 MiB. Here a 256 MiB bomb."""
+    bomb = b'[["steps.rows", [1]]]\n' + zlib.compress(bytes(256 << 20), 1)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="not a digest"):
+            digest.RunDigest.loads(bomb)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 << 20  # the cap, 16 MiB, and its copy: never the 256 MiB
+
+
+def test_a_sampled_wait_is_judged_on_the_timed_steps_alike_from_rows_and_from_a_digest():
+    # steps_per_execution=8, one execution in 16 timed (NaN elsewhere): 80 ms of 8 batches, 60 ms of it waiting;
+    # the timed executions run 10 ms slower (pulled in Python), their wait does not grow.
+    timed = np.arange(400) % 16 == 1
+    begin = 10.0 + 0.2 * np.arange(400)
+    rows = np.column_stack([8 * (np.arange(400) + 1), np.zeros(400), begin, begin + np.where(timed, 0.09, 0.08),
+                            np.where(timed, 60.0, np.nan), np.r_[np.nan, np.full(399, 1.0)], np.full(400, 8)])
+    exact = step_figures(digest.RunDigest.of(rows, np.empty((0, 4)), {}, {}).steps, 0.0, None, np.empty((0, 3)), [])
+    parts = digest.RunDigest.loads(digest.RunDigest.of(rows, np.empty((0, 4)), {}, {}).dumps())
+    approximate = step_figures(parts.steps, 0.0, None, np.empty((0, 3)), [])
+    whole_s = float((rows[1:, 3] - rows[1:, 2]).sum() + 399e-3)
+    for figures in (exact, approximate):
+        assert figures["coverage"] == round(25 / 399, 4)  # 25 timed of the 399 after the warm-up
+        assert figures["input_wait_ms"]["median"] == pytest.approx(7.5, rel=digest.RELATIVE_ERROR)
+        assert figures["input_share"] == pytest.approx(0.060 * 399 / whole_s, abs=2e-3)  # not 25/399 of it
+        assert figures["wait_s"] == pytest.approx(0.060 * 399) and figures["beyond_floor_s"] == pytest.approx(23.94)

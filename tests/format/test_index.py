@@ -282,3 +282,39 @@ def test_an_index_of_a_writer_with_other_columns_maps_them_by_name(tmp_path, col
                 assert max(drawn["sm_activity"]["value"]) == max(whole["sm_activity"]["value"]) >= 49
             else:
                 assert drawn.get("sm_activity") is None and whole.get("sm_activity") is None
+
+
+def _truncate_records(path: str, count: int) -> None:
+    os.truncate(path, count * index.dtype_of(os.path.basename(path)).itemsize)
+
+
+@pytest.mark.parametrize("lost", ["dir.steps", "dir.gaps.d0.c0", "lagging steps", "lagging dir.steps"])
+def test_a_lost_or_lagging_index_file_is_drawn_from_the_event_file_beyond_it(written, tmp_path, lost):
+    """Each series is read from the index as far as its own files reach, and from the event file after that (this
+    used to draw 0 steps with `dir.steps` gone, 1 of 4 gap groups' worth with a `dir.gaps.*` gone, and half the
+    steps with the steps files of an upload pass that failed midway)."""
+    run_dir = _copy(written, tmp_path)
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    if lost == "lagging steps":  # the steps files as the writer left them after chunk 50 of 100
+        rows = 50 * PER_CHUNK - 1  # the fit's first step is its warm-up: no pyramid row
+        _truncate_records(os.path.join(folder, "dir.steps"), 50)
+        _truncate_records(os.path.join(folder, "steps.L0"), rows // index.BLOCK)
+        _truncate_records(os.path.join(folder, "steps.L1"), rows // index.BLOCK // index.FAN)
+    elif lost == "lagging dir.steps":  # its pyramid ahead of it: only the records it covers are read
+        _truncate_records(os.path.join(folder, "dir.steps"), 50)
+    else:
+        os.remove(os.path.join(folder, lost))
+    timeline, whole = _indexed(run_dir), _whole(run_dir)
+    drawn = timeline.view(None, None, 1280)
+    assert drawn["steps"]["total"] == whole["steps"]["total"] == CHUNKS * PER_CHUNK - 1
+    assert drawn["gaps"]["total"] == whole["gaps"]["total"]
+    for window in ((30.0, 34.0), (150.0, 154.0)):  # before and after where the lagging files end: exact
+        short = timeline.view(*window, 1280)
+        assert short["steps"] == _whole(run_dir, *window)["steps"] and short["steps"]["total"]
+        assert short["gaps"] == _whole(run_dir, *window)["gaps"]
+    for column in ("input_wait_ms", "compute_ms", "host_gap_ms"):  # every extreme drawn
+        assert min(drawn["steps"][column]) == min(whole["steps"][column])
+        assert max(drawn["steps"][column]) == max(whole["steps"][column])
+    assert not timeline.errors
+    assert [note for note in timeline.notes if f"lacks {lost}" in note] if lost.startswith("dir.") else \
+        not timeline.notes, timeline.notes

@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 
@@ -168,3 +169,46 @@ def test_reading_goes_on_after_a_damaged_record_header(tmp_path):
     data = read_logdir(str(tmp_path))["damaged/rnnmon"]
     np.testing.assert_array_equal(data.steps[:, 0], np.r_[1:11, 21:51])  # only the damaged record lost
     assert [error for error in data.errors if f"corrupt record header at byte {second_chunk}" in error], data.errors
+
+
+INDEXED_STEPS = 70_000  # one digest record (65,536 steps) and a tail: what a summary reads through its index
+
+
+@pytest.fixture(scope="module")
+def indexed_logdir(tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("indexed")
+    write_gpu_run(str(logdir / "run" / "rnnmon"), INDEXED_STEPS // 1000, steps_per_chunk=1000)
+    return str(logdir)
+
+
+def _index_file(run_dir: str, name: str) -> str:
+    (folder,) = glob.glob(os.path.join(run_dir, "rnnmon-index", "*"))
+    return os.path.join(folder, name)
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("dir.steps", "fifo"), ("digest", "sparse"),
+    *(pytest.param(name, kind, marks=pytest.mark.slow) for name, kind in (
+        ("dir.gaps.d0.c0", "fifo"), ("dir.docs", "fifo"), ("digest", "fifo"), ("dir.docs", "sparse"),
+        ("dir.steps", "sparse"))),
+])
+def test_report_reads_a_run_whole_when_an_index_or_digest_file_is_hostile(indexed_logdir, tmp_path, name, kind):
+    """Index and digest files are opened like event files: a FIFO is refused at once (it used to hold the report
+    past 120 s), a 2 GiB sparse file is never read whole (it cost 2.1-2.5 GB or a MemoryError)."""
+    logdir = str(tmp_path / "logdir")
+    shutil.copytree(indexed_logdir, logdir)
+    path = _index_file(os.path.join(logdir, "run", "rnnmon"), name)
+    os.remove(path)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(2 << 30)
+    result = subprocess.run([sys.executable, "-c", _REPORT, "report", "--json", logdir], capture_output=True,
+                            text=True, timeout=DEADLINE_S, preexec_fn=_limit_memory)  # a hang: TimeoutExpired
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run,) = json.loads(result.stdout)["runs"]
+    assert run["steps"] == INDEXED_STEPS and run["errors"] == []
+    assert [note for note in run["notes"] if "read whole" in note and name in note], run["notes"]
+    bytes_read = int(result.stderr.strip().splitlines()[-1])
+    assert bytes_read < 256 << 20  # the run's files and the imports, never the 2 GiB

@@ -88,3 +88,19 @@ def test_the_tab_reads_a_remote_log_directory_through_its_mirror(kind, tmp_path)
                 os.environ.pop(name, None)
     text = json.dumps(answers) + output
     assert SECRET not in text and TOKEN not in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("url", [f"s3://rnnmon-key:{SECRET}@bucket/runs", f"gs://bucket/runs?token={TOKEN}"])
+def test_tensorboard_refuses_a_log_directory_url_that_carries_credentials_without_repeating_them(url, tmp_path):
+    """`tensorboard --logdir s3://KEY:SECRET@…` was not refused, and rnnmon's own warning printed the secret."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = subprocess.run([sys.executable, "-m", "tensorboard.main", "--logdir", url, "--port", str(port),
+                             "--host", "127.0.0.1"], env=dict(os.environ, RNNMON_CACHE_DIR=str(tmp_path / "cache")),
+                            capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "must not carry credentials" in output, output[-2000:]
+    assert SECRET not in output and TOKEN not in output and "rnnmon-key" not in output
+    assert not (tmp_path / "cache").exists()  # nothing mirrored, nothing cached
