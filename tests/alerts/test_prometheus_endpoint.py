@@ -174,3 +174,21 @@ def test_a_link_planted_as_the_file_sd_temporary_file_is_never_written_through(t
     assert not target.is_symlink() and json.loads(target.read_text())[0]["targets"] == [f"127.0.0.1:{port}"]
     del monitor
     gc.collect()
+
+
+def test_the_sweep_of_dead_targets_neither_waits_on_a_fifo_nor_follows_a_link(tmp_path):
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    os.mkfifo(sd_dir / "fifo.json")  # opened for reading, it would wait for a writer forever
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps([{"targets": ["127.0.0.1:1"], "labels": {
+        "__meta_rnnmon_machine": socket.gethostname(), "__meta_rnnmon_pid": "0"}}]))  # a dead process's, if read
+    os.symlink(elsewhere, sd_dir / "link.json")
+    built: list[UtilizationMonitor] = []
+    thread = threading.Thread(target=lambda: built.append(UtilizationMonitor(
+        str(tmp_path / "run"), prometheus_port=free_port(), prometheus_sd_dir=str(sd_dir))), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert built, "the monitor waited on the FIFO"
+    assert sorted(os.listdir(sd_dir)) == sorted(["fifo.json", "link.json",
+                                                 f"127.0.0.1-{built[0].prometheus_port}.json"])  # left alone
