@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, read_run, stalled_dataset, tiny_model
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
+from jax_job import JOB
 
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
@@ -312,42 +313,6 @@ def test_the_docs_config_as_copied_pages_in_time_and_stops_within_30s_of_the_fit
     assert stopped_after < 30, stopped_after
 
 
-JAX_PROCESS = """
-import sys, time
-import jax, keras, numpy as np
-import rnnmon
-
-log_dir, sd_dir, index, port, stall_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-monitor = rnnmon.UtilizationMonitor(log_dir, audit=False, flush_secs=0.5, prometheus_port=0,
-                                    prometheus_job="jaxjob", prometheus_sd_dir=sd_dir)
-jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=index)  # the index, set in code
-keras.distribution.set_distribution(keras.distribution.DataParallel(auto_shard_dataset=False))
-
-class Batches(keras.utils.PyDataset):  # this process's shard; process 1 stalls on each batch
-    def __len__(self):
-        return 200
-
-    def __getitem__(self, i):
-        time.sleep(stall_s)
-        rng = np.random.default_rng(i)
-        return rng.normal(size=(32, 16, 8)).astype("float32"), rng.normal(size=(32, 1)).astype("float32")
-
-class DeviceTime(keras.layers.Layer):  # ~50 ms a step inside the compiled step, as a device computes
-    def call(self, x):
-        def device():
-            time.sleep(0.05)
-            return np.float32(0)
-        return x + jax.lax.stop_gradient(jax.pure_callback(device, jax.ShapeDtypeStruct((), np.float32)))
-
-    def compute_output_shape(self, shape):
-        return shape
-
-keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1), DeviceTime()])
-model.compile(optimizer="adam", loss="mse")
-model.fit(Batches(), epochs=1, verbose=0, callbacks=[monitor])
-"""
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
@@ -369,9 +334,11 @@ def test_the_straggler_rule_reads_the_reports_share_on_a_real_2_process_jax_job(
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     port = free_port()
-    processes = [subprocess.Popen([sys.executable, "-c", JAX_PROCESS, str(logs), str(sd_dir), str(i), str(port),
-                                   str(stall)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True) for i, stall in ((0, 0.0), (1, 0.012))]
+    monitor = json.dumps({"flush_secs": 0.5, "prometheus_port": 0, "prometheus_job": "jaxjob",
+                          "prometheus_sd_dir": str(sd_dir)})
+    processes = [subprocess.Popen([sys.executable, "-c", JOB, str(logs), str(i), str(port), str(stall), "200", monitor],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for i, stall in ((0, 0.0), (1, 0.012))]
     training: list[float] = []  # when both processes were seen training
     paged: set[str] = set()
     try:

@@ -20,6 +20,7 @@ import textwrap
 
 import pytest
 from conftest import TESTS
+from jax_job import JOB
 
 from rnnmon.analysis.stragglers import compare_workers
 from rnnmon.findings import amdahl
@@ -114,41 +115,6 @@ def test_two_workers_write_two_runs_and_the_stalled_one_is_the_straggler(tmp_pat
     assert "Workers of . (2)" in text and "STRAGGLER at worker-1" in text, text
 
 
-JAX_WORKER = textwrap.dedent("""
-    import sys, time
-    import jax, keras, numpy as np
-    import rnnmon
-
-    log_dir, index, port, stall_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    monitor = rnnmon.UtilizationMonitor(log_dir, audit=False)  # before the runtime starts, as users write it
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=index)
-    keras.distribution.set_distribution(keras.distribution.DataParallel(auto_shard_dataset=False))
-
-    class Batches(keras.utils.PyDataset):  # this worker's shard; worker 1 stalls on each batch
-        def __len__(self):
-            return 30
-
-        def __getitem__(self, i):
-            time.sleep(stall_s)
-            rng = np.random.default_rng(i)
-            return rng.normal(size=(32, 16, 8)).astype("float32"), rng.normal(size=(32, 1)).astype("float32")
-
-    class DeviceTime(keras.layers.Layer):  # ~50 ms a step inside the compiled step, as a device computes
-        def call(self, x):
-            def device():
-                time.sleep(0.05)
-                return np.float32(0)
-            return x + jax.lax.stop_gradient(jax.pure_callback(device, jax.ShapeDtypeStruct((), np.float32)))
-
-        def compute_output_shape(self, shape):
-            return shape
-
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1), DeviceTime()])
-    model.compile(optimizer="adam", loss="mse")
-    model.fit(Batches(), epochs=1, verbose=0, callbacks=[monitor])
-""")
 
 
 def _run_workers(argvs: list[list[str]], envs: list[dict[str, str]]) -> list[str]:
@@ -174,7 +140,7 @@ def test_a_jax_job_monitored_from_before_distributed_initialize_names_a_15ms_str
     # holds up to 300 ms.)
     port, stall_s = free_port(), {0: 0.0, 1: 0.015}
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
-    _run_workers([[JAX_WORKER, str(tmp_path), str(i), str(port), str(stall_s[i])] for i in (0, 1)], [env, env])
+    _run_workers([[JOB, str(tmp_path), str(i), str(port), str(stall_s[i]), "30", "{}"] for i in (0, 1)], [env, env])
     assert sorted(os.listdir(tmp_path)) == ["worker-0", "worker-1"]
 
     report = build_report(str(tmp_path))
