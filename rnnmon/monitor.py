@@ -403,7 +403,7 @@ class UtilizationMonitor(keras.callbacks.Callback):
         self._fit_steps += 1
         self._fit_batches += batches
         if shapes is not None:
-            self._recorder.shape_steps.add(shapes, batches, end - self._begin, compiles > 0 or gap != gap)
+            self._recorder.shape_steps.add(shapes, batches, end - self._begin, compiles > 0 or math.isnan(gap))
             if shapes != self._last_shapes:
                 self._new_shapes(shapes)
         if self._model_audit_pending:

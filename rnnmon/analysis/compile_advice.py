@@ -129,11 +129,11 @@ def _step_cost(steps: dict[tuple, tuple[int, int, float]], compiles: list[dict[s
               if plain > 0]
     if not points:  # every step compiled: where JAX timed a compile, the rest of its step stands in (more than
         for record in compiles:  # the compute: the dispatch around the compile goes with it)
-            shapes = record.get("shapes")
-            if record.get("seconds") is not None and shapes and shapes[0] and len(shapes[0]) > dim and shapes[0][dim]:
+            length = _length_of(record, dim)
+            if record.get("seconds") is not None and length:
                 compute = record["duration_s"] - record["seconds"]
                 if compute > 0:
-                    points.append((_work(shapes, shapes[0][dim]), compute / max(record.get("batches") or 1, 1), 1))
+                    points.append((_work(record["shapes"], length), compute / max(record.get("batches") or 1, 1), 1))
     if not points:
         return None
     x, y, w = (np.array(column, dtype=float) for column in zip(*points))
@@ -157,13 +157,17 @@ def _compile_cost(compiles: list[dict[str, Any]], cost: Any, dim: int) -> float:
     the step's length is unknown."""
     costs = []
     for record in compiles:
-        shapes = record.get("shapes")
-        if not (shapes and shapes[0] and len(shapes[0]) > dim and shapes[0][dim]):
-            if record.get("seconds") is not None:
-                costs.append(record["seconds"] / max(record["count"], 1))
-        else:
-            key = tuple(None if s is None else tuple(s) for s in shapes)
-            batches = max(record.get("batches") or 1, 1)
-            excess = record["duration_s"] - batches * cost(key, shapes[0][dim])
+        length = _length_of(record, dim)
+        if length:
+            excess = record["duration_s"] - max(record.get("batches") or 1, 1) * cost(record["shapes"], length)
             costs.append(max(excess, 0.0) / max(record["count"], 1))
+        elif record.get("seconds") is not None:
+            costs.append(record["seconds"] / max(record["count"], 1))
     return float(np.mean(costs)) if costs else 0.0
+
+
+def _length_of(record: dict[str, Any], dim: int) -> int | None:
+    """The sequence length of a compile record's first array, where its shapes say it."""
+    shapes = record.get("shapes")
+    first = shapes[0] if shapes else None
+    return first[dim] if first and len(first) > dim and first[dim] else None

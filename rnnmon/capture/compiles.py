@@ -25,7 +25,7 @@ import time
 import weakref
 from typing import Any
 
-from rnnmon.capture.input_timing import Shapes
+from rnnmon.capture.input_timing import Shapes, closure
 
 JAX_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                       "/jax/core/compile/backend_compile_duration")
@@ -100,21 +100,8 @@ def _step_functions(train_function: Any) -> list[Any]:
             found.append(function)
             function = getattr(function, "python_function", None)
         original = getattr(function, "__rnnmon_original__", None) or getattr(function, "__wrapped__", None)
-        pending.extend(value for value in (original, *_closure_values(function)) if callable(value))
+        pending.extend(value for value in (original, *closure(function).values()) if callable(value))
     return found
-
-
-def _closure_values(function: Any) -> list[Any]:
-    return [cell.cell_contents for cell in getattr(function, "__closure__", None) or ()
-            if _has_contents(cell)]
-
-
-def _has_contents(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
 
 
 class _JaxWatch(CompileWatch):

@@ -155,8 +155,8 @@ def _trace_for_any_batch_size(train_function: Any, element_spec: Any) -> None:
     (`one_step_on_data`, wrapped once as `step_func`); if they are not there, batches keep Keras's own
     retracing (once per new batch shape).
     """
-    step = _closure(train_function).get("one_step_on_data")
-    step = _closure(step).get("step_func", step)
+    step = closure(train_function).get("one_step_on_data")
+    step = closure(step).get("step_func", step)
     if hasattr(step, "get_concrete_function"):
         # A spec the step does not take as is (e.g. a distributed one) leaves Keras tracing as before.
         with contextlib.suppress(Exception):
@@ -176,11 +176,16 @@ def _run_loop_once(train_function: Any, iterator: Any) -> None:
         train_function(iter(tf.data.Dataset.from_generator(lambda: iter(()), output_signature=spec)))
 
 
-def _closure(function: Any) -> dict[str, Any]:
+def closure(function: Any) -> dict[str, Any]:
+    """The names `function` closes over and their values (cells not yet filled left out)."""
     code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
     if code is None:
         return {}
-    return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
+    found = {}
+    for name, cell in zip(code.co_freevars, cells):
+        with contextlib.suppress(ValueError):  # an empty cell
+            found[name] = cell.cell_contents
+    return found
 
 
 def wrap_jax_train_function(model: Any, on_wait: Callable[[float, int, Shapes | None], None],
