@@ -4,8 +4,9 @@ The seeds' workload: token sequences of text-like lengths (log-normal, 2-120), a
 (`--units`), batches of 16 padded to their own longest sequence, so most batches bring a new length and XLA (TensorFlow,
 `jit_compile=True`) or JAX compiles the step again. The RECOMPILE finding predicts two fixes from that run's own
 numbers (rnnmon.analysis.compile_advice): one padded length, and buckets padded to their boundaries. Each fix is
-then run as the finding says (its length, its bucket lengths), and its training time (wall time after the
-warm-up, as rnnmon measures it) is set against the prediction. Every fit is monitored and runs in a process of its
+then run as the finding says (its length, its bucket lengths; on TensorFlow through tf.data's own `padded_batch`
+and `bucket_by_sequence_length`), and its training time (wall time after the warm-up, as rnnmon measures it) is
+set against the prediction. Every fit is monitored and runs in a process of its
 own; the arms alternate per repeat. The machine's load (1-minute average) is printed beside each.
 
 Usage:
@@ -59,16 +60,35 @@ def _child(arm: str, logdir: str, examples: int, lengths: list[int], units: int)
         def __getitem__(self, index: int) -> tuple:
             return batch(index)
 
-    data = Batches()
-    if keras.backend.backend() == "tensorflow":  # a signature with an unknown length (a PyDataset's is guessed)
-        import tensorflow as tf
-
-        data = tf.data.Dataset.from_generator(lambda: map(batch, range(len(batches))), output_signature=(
-            tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.float32)))
+    data, steps_per_epoch = Batches(), None
+    if keras.backend.backend() == "tensorflow":  # the pipeline as the finding tells a tf.data user to write it
+        data, steps_per_epoch = _tf_pipeline(arm, tokens, sizes, labels, lengths)
     model = keras.Sequential([keras.Input((None,), dtype="int32"), keras.layers.Embedding(50, 8),
                               keras.layers.LSTM(units), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse", jit_compile=True)
-    model.fit(data, epochs=2, verbose=0, callbacks=[rnnmon.UtilizationMonitor(logdir, audit=False)])
+    model.fit(data, epochs=2, steps_per_epoch=steps_per_epoch, verbose=0,
+              callbacks=[rnnmon.UtilizationMonitor(logdir, audit=False)])
+
+
+def _tf_pipeline(arm: str, tokens, sizes, labels, lengths: list[int]) -> tuple:
+    """The same examples as a tf.data pipeline, and its batches per epoch: `padded_batch` per batch or to one
+    length, or `bucket_by_sequence_length` with the boundaries and flags RECOMPILE names (each pads to its boundary
+    - 1). Repeated, with `steps_per_epoch`, as the epoch-end advice says: where each epoch made a new iterator,
+    tf.data's autotuning held the old one's teardown for 2.5-3.5 s at one epoch boundary in three of four fits
+    under XLA at load 6-7 (none with autotuning off, none repeated), which no prediction of the steps can know."""
+    import numpy as np
+    import tensorflow as tf
+
+    examples = tf.data.Dataset.from_tensor_slices((tokens, sizes, labels)).map(lambda x, n, y: (x[:n], y))
+    if arm == "buckets":
+        boundaries = [length + 1 for length in lengths]
+        members = np.bincount(np.searchsorted(boundaries, sizes, side="right"), minlength=len(boundaries) + 1)
+        batches = examples.bucket_by_sequence_length(
+            lambda x, y: tf.shape(x)[0], boundaries, [BATCH] * (len(lengths) + 1),
+            pad_to_bucket_boundary=True, drop_remainder=True)
+        return batches.repeat(), int((members // BATCH).sum())
+    shape = [lengths[-1]] if arm == "one-length" else [None]
+    return examples.padded_batch(BATCH, padded_shapes=(shape, []), drop_remainder=True).repeat(), len(sizes) // BATCH
 
 
 def _fit(backend: str, arm: str, examples: int, lengths: list[int], units: int) -> dict:

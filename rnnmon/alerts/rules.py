@@ -73,7 +73,9 @@ _GAP_CAUSES = {  # cause (the recorded phase that overlapped the idle time most)
     "eval": ("during validation", "Validate less often (validation_freq) or with a larger batch size."),
     "epoch_end": ("at epoch ends, between one epoch's last step and the next one's first",
                   "Look at the epoch-end callbacks (checkpoints: save less often) and at the input iterator's "
-                  "restart for the next epoch (cache or prefetch the data)."),
+                  "restart: on TensorFlow each epoch makes a new iterator, and tearing down the last one can wait "
+                  "seconds for tf.data's autotuning (seen under XLA); `.repeat()` the dataset and pass "
+                  "`steps_per_epoch` to keep one iterator for the whole fit."),
     "warmup": ("during warm-up (tracing and compiling)",
                "A fit pays this once, before its first step and its first validation batch."),
     "sync": ("while another GPU computed",

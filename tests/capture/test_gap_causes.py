@@ -67,5 +67,6 @@ def test_idle_gap_at_an_epoch_end_without_validation_names_the_epoch_end(tmp_pat
     fired = [alert.message for alert in alerts if alert.rule == "idle_gap" and alert.state == "firing"]
     assert len(fired) == 1, [alert.message for alert in alerts]
     assert "mostly at epoch ends" in fired[0] and "validation" not in fired[0].lower(), fired[0]
+    assert "`.repeat()`" in fired[0] and "`steps_per_epoch`" in fired[0], fired[0]  # one iterator, no teardown
     summary = summarize(read_run(str(tmp_path)))
     assert summary["idle_by_cause_s"]["epoch_end"] >= 0.8 and summary["idle_by_cause_s"]["eval"] == 0.0
