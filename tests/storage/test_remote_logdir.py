@@ -4,6 +4,7 @@ writing to one bucket; the server cut off mid-fit; and no credential in anything
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -444,3 +445,33 @@ def test_a_first_sync_downloads_objects_in_parallel(monkeypatch, tmp_path):
         took = time.monotonic() - begin
     assert mirror.downloaded == 64
     assert took < 4.0, took  # 8 at a time: ~1 s of GETs and a LIST; slack for a loaded machine
+
+
+INPUT_WAIT = {"input_wait_high": {"pct": 20.0, "resolve_pct": 10.0, "for_s": 0.3}}  # a serial 20 ms stall fires it
+
+
+@pytest.mark.slow
+def test_a_profile_captured_on_alert_is_named_where_it_is_uploaded(monkeypatch, tmp_path, caplog):
+    """The log line, the run record (and so the tab's card) named the staging folder, emptied after the fit."""
+    with ObjectStore("s3") as server:
+        _use(server, monkeypatch, tmp_path)
+        url = server.url("exp1")
+        traced = os.path.join(str(tmp_path / "staging"), "**", "plugins", "profile", "*", "*.xplane.pb")
+
+        class StopOnceTraced(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                self.model.stop_training = bool(glob.glob(traced, recursive=True))
+
+        caplog.set_level(logging.WARNING, logger="rnnmon")
+        monitor = rnnmon.UtilizationMonitor(url, thresholds=INPUT_WAIT, flush_secs=0.2, upload_interval_s=0.5,
+                                            profile_steps_on_alert=5, audit=False)
+        tiny_model().fit(stalled_dataset(400, 0.02, prefetch="none"), epochs=1, verbose=0,
+                         callbacks=[monitor, StopOnceTraced()])
+        folder = f"{url}/rnnmon/plugins/profile"
+        (said,) = _logged(caplog, "capturing a profiler trace", 30)
+        assert said.endswith(f"into {folder}") or f"into {folder}." in said, said
+        report = _report_when(url, lambda r: bool(r["runs"]) and r["runs"][0]["status"] == "finished")
+        (run,) = report["runs"]
+        assert run["profile"]["dir"] == folder and run["profile"]["status"] == "captured", run["profile"]
+        assert [name for name in server.objects("exp1") if name.startswith("exp1/rnnmon/plugins/profile/")
+                and name.endswith(".xplane.pb")], server.objects("exp1").keys()
