@@ -73,7 +73,6 @@ class Mirror:
         self.downloaded = 0  # objects downloaded by the last sync
         self.downloaded_bytes = 0
         self.objects = 0  # objects under the URL at the last whole listing
-        self.listings = 0  # listing requests of the last sync (one per page of a whole listing)
         self._listed: dict[str, list[Any]] | None = None  # rel -> version, as the last sync listed them
         self._pages = 0  # pages of the last whole listing
         self._full_at = -1e18  # monotonic time of the last whole listing
@@ -120,14 +119,13 @@ class Mirror:
         if self._listed is None or not live or len(live) >= self._pages or now - self._full_at >= self.full_listing_s:
             found = self._find(self._root)
             objects = self._objects(found)
-            self._pages = self.listings = max(1, -(-len(found) // PAGE))
+            self._pages = max(1, -(-len(found) // PAGE))
             self._full_at, self.objects = now, len(found)
         else:
             objects = {rel: version for rel, version in self._listed.items()
                        if not (_folder(rel) in live and _event_file(rel))}
             for folder in live:
                 objects.update(self._objects(self._find(remote.join(self._root, folder), EVENT_FILE_PREFIX)))
-            self.listings = len(live)
         for rel, version in objects.items():
             if _event_file(rel) and self._listed is not None and self._listed.get(rel) != version:
                 self._changed[_folder(rel)] = now  # written to: listed on its own until LIVE_S after
