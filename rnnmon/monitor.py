@@ -305,9 +305,10 @@ class UtilizationMonitor(keras.callbacks.Callback):
             ordinals = model_cuda_ordinals(self.model, keras.backend.backend())
             self._sampler = sampler = Sampler(
                 self._nvml, select_devices(self._nvml, self.devices, model_ordinals=ordinals), self._clock)
-        uploader = None if self._staging is None else Uploader(  # before the lock: fsspec may be missing
-            self.run_dir, remote.join(self.log_dir, os.path.relpath(self.run_dir, self._staging)),
-            interval_s=self.upload_interval_s)
+        run_url = None if self._staging is None else remote.join(remote.redact(self.log_dir),
+                                                                  os.path.relpath(self.run_dir, self._staging))
+        uploader = None if run_url is None else Uploader(  # before the lock: fsspec may be missing
+            self.run_dir, run_url, interval_s=self.upload_interval_s)
         self._run_lock = RunLock(self.run_dir)
         self._run_lock.acquire()  # a second writer of this run: monitoring is off for this fit
         try:
@@ -320,7 +321,8 @@ class UtilizationMonitor(keras.callbacks.Callback):
         if uploader is not None:
             uploader.start()
         self._profile_noted = False
-        self._profile = ProfileCapture(self.run_dir, self.profile_steps_on_alert, self.model, self._on_profile)
+        self._profile = ProfileCapture(self.run_dir, self.profile_steps_on_alert, self.model, self._on_profile,
+                                       shown_dir=run_url)  # the bucket: staging is emptied after the fit
         self._alerting = Alerting(self.thresholds, log_dir=self._staging or self.log_dir, writer=self._writer,
                                   wall_offset_s=self._wall_offset, on_alert=self.on_alert, on_fire=self._on_fire,
                                   amend=self._profile_note,

@@ -136,7 +136,7 @@ FAULTS = {
 class FaultyFront:
     """An HTTP proxy on 127.0.0.1 in front of `store`: passes every request through, after `delay_s` (a bucket's
     latency), except while `fault` names one of FAULTS (for the store's kind), when it answers that error instead.
-    `env` points the clients at it.
+    `env` points the clients at it; `requests` lists what it was asked.
 
     Example:
         >>> with ObjectStore("s3") as store, FaultyFront(store) as front:
@@ -148,6 +148,7 @@ class FaultyFront:
         import http.server
 
         self.store, self.fault, self.faulted, self.delay_s = store, None, 0, 0.0
+        self.requests: list[tuple[str, str]] = []  # (method, path with query) of each request, in order
         front = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -155,6 +156,7 @@ class FaultyFront:
 
             def _any(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                front.requests.append((self.command, self.path))
                 time.sleep(front.delay_s)
                 if front.fault is not None:
                     front.faulted += 1

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from typing import Any
 
@@ -86,20 +87,41 @@ def _stall(row: dict[str, Any]) -> float:
 
 def _waits(worst: dict[str, Any], others: list[dict[str, Any]]) -> tuple[float, float, float]:
     """(the job's step, `worst`'s stall beyond the others', its extra compute) in ms a step, as measured."""
-    step = statistics.median(row["step_ms"] for row in others)
-    stall = _stall(worst) - statistics.median(_stall(row) for row in others)
     idle = [row["gpu_idle_fraction"] for row in others if row["gpu_idle_fraction"] is not None]
-    spread = statistics.median(idle) - worst["gpu_idle_fraction"] \
-        if idle and worst["gpu_idle_fraction"] is not None else 0.0
-    return step, max(stall, 0.0), spread * step if spread >= IDLE_NOISE else 0.0
+    return _beyond(worst, statistics.median(row["step_ms"] for row in others),
+                   statistics.median(_stall(row) for row in others), statistics.median(idle) if idle else None)
+
+
+def _beyond(worst: dict[str, Any], step: float, stall: float, idle: float | None) -> tuple[float, float, float]:
+    """`_waits` from the other workers' median step, stall and GPU idle share (None: no GPU data)."""
+    spread = idle - worst["gpu_idle_fraction"] if idle is not None and worst["gpu_idle_fraction"] is not None else 0.0
+    return step, max(_stall(worst) - stall, 0.0), spread * step if spread >= IDLE_NOISE else 0.0
+
+
+def _medians_of_others(values: list[float | None]) -> list[float | None]:
+    """For each entry, `statistics.median` of the other entries that are not None (None where there are none):
+    one sort for all, where a median per entry sorted the rest again (2,000 workers: 4 million calls, 5 s)."""
+    pool = sorted(value for value in values if value is not None)
+    return [_median_without(pool, len(pool) if value is None else bisect.bisect_left(pool, value))
+            for value in values]
+
+
+def _median_without(pool: list[float], skip: int) -> float | None:
+    """The median of the sorted `pool` without its entry at `skip` (none left out at len(pool))."""
+    count = len(pool) - (skip < len(pool))
+    if not count:
+        return None
+    half = count // 2
+    lower, upper = (pool[j if j < skip else j + 1] for j in (half - 1 + count % 2, half))
+    return upper if count % 2 else (lower + upper) / 2
 
 
 def _straggler(rows: list[dict[str, Any]]) -> list[Finding]:
-    def waited(row: dict[str, Any]) -> float:
-        _, stall, compute = _waits(row, [other for other in rows if other is not row])
-        return stall + compute
-
-    worst = max(rows, key=waited)
+    steps = _medians_of_others([row["step_ms"] for row in rows])
+    stalls = _medians_of_others([_stall(row) for row in rows])
+    idles = _medians_of_others([row["gpu_idle_fraction"] for row in rows])
+    waited = [sum(_beyond(row, step, stall, idle)[1:]) for row, step, stall, idle in zip(rows, steps, stalls, idles)]
+    worst = rows[max(range(len(rows)), key=waited.__getitem__)]  # the first of equals, as max(rows) gave
     others = [row for row in rows if row is not worst]
     step, stall, compute = _waits(worst, others)
     total = stall + compute

@@ -71,11 +71,14 @@ class ProfileCapture:
 
     `on_record(record)` gets the capture's outcome once it started or failed: the alert rule, the steps, the
     trace folder, whether steps were marked, and the note for a model whose steps the Profile tab cannot group.
+    The trace is written under `log_dir`; the log line and the record name it under `shown_dir` (default
+    `log_dir`): for a remote log directory, the run's folder in the bucket, as the staging folder is emptied.
     """
 
     def __init__(self, log_dir: str, steps: int, model: Any = None,
-                 on_record: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_record: Callable[[dict[str, Any]], None] | None = None, shown_dir: str | None = None) -> None:
         self.log_dir = log_dir
+        self.shown_dir = shown_dir or log_dir
         self.steps = steps
         self.pending = False  # read on every step: keep it a plain attribute
         self._model = model
@@ -142,7 +145,8 @@ class ProfileCapture:
 
     def _start(self) -> bool:
         backend = keras.backend.backend()
-        folder = os.path.join(self.log_dir, "plugins", "profile")
+        folder = (f"{self.shown_dir.rstrip('/')}/plugins/profile" if "://" in self.shown_dir  # a bucket's URL
+                  else os.path.join(self.shown_dir, "plugins", "profile"))
         record: dict[str, Any] = {"rule": self._reason, "steps": self.steps, "dir": folder}
         try:
             if backend == "tensorflow":

@@ -25,7 +25,7 @@ from typing import Any
 from rnnmon.format import schema
 from rnnmon.format.digest import RunDigest
 from rnnmon.format.digest_file import DigestMismatch, digested, read_records
-from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor
+from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, truncated_at
 from rnnmon.format.index import (
     FileIndex,
     IndexMismatch,
@@ -77,7 +77,7 @@ def _tail(event_path: str, through: int, digest: RunDigest, documents: RunReader
                 raise DigestMismatch(f"no event at byte {through}: {scan.problem}")
             errors.append(f"{name}: {scan.problem}")
         if scan.truncated and time.time() - scan.modified > TAIL_GRACE_S:
-            errors.append(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
+            errors.append(f"{name}: {truncated_at(scan.offset)}")
         if documents is not None:
             documents.update_from_records(name, scan.records)
         staged: dict[str, list[Any]] = {}

@@ -30,6 +30,7 @@ import errno
 import functools
 import io
 import os
+import re
 import socket
 import stat
 import struct
@@ -101,6 +102,24 @@ class Scan:
     truncated: bool = False  # the file ends inside a record (a crash mid-write, a partial copy, or a live writer)
     more: bool = False  # stopped after `max_bytes`, at a record: scan again for the rest
     modified: float = 0.0  # the file's modification time (Unix seconds), from the descriptor read
+
+
+def truncated_at(offset: int) -> str:
+    """The damage of a file that ends inside the record at `offset` for good (past a live writer's grace time)."""
+    return f"truncated: the file ends inside the record at byte {offset}"
+
+
+_CUT = (r"(?:truncated: the file ends inside the record at byte \d+"
+        r"|(?:record at byte \d+ cut short|corrupt record at byte \d+ \(data checksum mismatch\)): "
+        r"bytes \d+-\d+ skipped, read on from the next whole record)")
+_CUT_ONLY = re.compile(rf".*?: {_CUT}(?:; {_CUT})*", re.DOTALL)
+
+
+def is_cut(error: str) -> bool:
+    """Whether a reader's error (`<file>: <damage>`) is only a cut through records: the file ends inside a record,
+    or a record was cut and written after (the next whole record starts inside it), its whole records before and
+    after read. Readers that serve what is readable (the tab) name such damage as a note, not an error."""
+    return _CUT_ONLY.fullmatch(error) is not None
 
 
 class NotRegularFileError(OSError):

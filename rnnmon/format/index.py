@@ -48,7 +48,7 @@ import numpy as np
 
 from rnnmon.format import packing, schema
 from rnnmon.format.digest_file import DigestWriter
-from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular
+from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor, masked_crc32c, open_regular, truncated_at
 from rnnmon.format.reader import TAIL_GRACE_S, InvalidRecord, Stored, by_name, decode_chunks, raw_value, stored_as
 
 LOG = logging.getLogger("rnnmon")
@@ -604,8 +604,7 @@ class FileIndex:
             if scan.problem:
                 self._errors[f"{os.path.basename(self.path)}: {scan.problem}"] = None
             if scan.truncated and time.time() - scan.modified > TAIL_GRACE_S:
-                self._errors[f"{os.path.basename(self.path)}: truncated: the file ends inside the record at byte "
-                             f"{scan.offset}"] = None
+                self._errors[f"{os.path.basename(self.path)}: {truncated_at(scan.offset)}"] = None
             position = start
             staged: dict[str, list[tuple[int, int, int, int, Any]]] = {}
             for record in scan.records:

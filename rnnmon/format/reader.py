@@ -49,7 +49,7 @@ import numpy as np
 from tensorboard.compat.proto import types_pb2
 
 from rnnmon.format import packing, schema
-from rnnmon.format.eventfile import EVENT_FILE_MARK, SCAN_BATCH_BYTES, RecordCursor
+from rnnmon.format.eventfile import EVENT_FILE_MARK, SCAN_BATCH_BYTES, RecordCursor, truncated_at
 
 ALL_SAMPLES = 10**9  # `downsample` that keeps everything the provider holds
 MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a few KiB in practice
@@ -283,7 +283,7 @@ class RunReader:
                 if scan.problem:
                     self._error(f"{name}: {scan.problem}")
                 if scan.truncated and time.time() - scan.modified > TAIL_GRACE_S:
-                    self._error(f"{name}: truncated: the file ends inside the record at byte {scan.offset}")
+                    self._error(f"{name}: {truncated_at(scan.offset)}")
                 more = scan.more
                 yield name, scan.records
 

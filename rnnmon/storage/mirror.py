@@ -1,8 +1,12 @@
 """A local mirror of a remote log directory, so that rnnmon's own reader reads remote runs like local ones.
 
-`sync()` lists the objects under the URL (one listing) and downloads only the objects that are new or changed
-since the last sync: compared by size and by the store's version of the object (GCS's generation, S3's ETag,
-else its modification time). Only event files and the files of rnnmon's run folders are mirrored, never a
+`sync()` lists the objects under the URL and downloads only the objects that are new or changed since the last
+sync: compared by size and by the store's version of the object (GCS's generation, S3's ETag, else its
+modification time). A listing of the whole URL costs a request per 1,000 objects, and a live job adds ~170 objects
+an hour per worker, so while event files are being written a sync lists only the event files of the folders
+written to in the last `LIVE_S` (a request each: a segment every 5 minutes fills a page in 83 hours), where those
+are fewer than the whole listing's pages, and lists the whole URL again at least every `FULL_LISTING_S` (new runs,
+the reading indexes, removed objects). Only event files and the files of rnnmon's run folders are mirrored, never a
 checkpoint beside them. An object that grew (the uploader re-puts a growing event file whole) is appended to its
 local copy when the copy is a prefix of it, so readers that follow a file (rnnmon's, TensorBoard's) see it grow as
 a local live file; any other change replaces the copy in one rename. The mirror keeps the objects' tree as it is
@@ -31,6 +35,7 @@ import json
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -45,14 +50,19 @@ MANIFEST = "manifest.json"
 CHUNK_BYTES = 4 << 20  # read from an object at a time
 MAX_OBJECT_BYTES = 256 << 20  # an object that is not an event file is mirrored up to this (a profile, an index)
 PARALLEL_GETS = 8  # objects downloaded at once (a first sync of 2,500 objects took 122-157 s one at a time)
+PAGE = 1000  # objects a listing request returns (S3's and GCS's most)
+FULL_LISTING_S = 120.0  # the whole URL is listed at least this often (new runs, indexes, removed objects)
+LIVE_S = 600.0  # a folder whose event files changed this recently is listed on its own between whole listings
+EVENT_FILE_PREFIX = "events.out.tfevents"  # how TensorBoard's and rnnmon's writers name event files
 
 
 class Mirror:
     """The objects under `url`, mirrored into a local folder."""
 
-    def __init__(self, url: str, cache_dir: str | None = None, max_object_bytes: int = MAX_OBJECT_BYTES) -> None:
+    def __init__(self, url: str, cache_dir: str | None = None, max_object_bytes: int = MAX_OBJECT_BYTES,
+                 full_listing_s: float = FULL_LISTING_S) -> None:
         self.url, self.shown = url, remote.redact(url)
-        self.max_object_bytes = max_object_bytes
+        self.max_object_bytes, self.full_listing_s = max_object_bytes, full_listing_s
         self.skipped: dict[str, str] = {}  # objects not mirrored (name as listed -> why), each warned about once
         self._odd: dict[str, list[Any]] = {}  # objects that cannot be a file of the tree -> their version then
         self.folder = cache_dir or remote.local_folder("cache", url)
@@ -62,7 +72,11 @@ class Mirror:
         self._lock = threading.Lock()
         self.downloaded = 0  # objects downloaded by the last sync
         self.downloaded_bytes = 0
-        self.objects = 0  # objects under the URL at the last sync
+        self.objects = 0  # objects under the URL at the last whole listing
+        self._listed: dict[str, list[Any]] | None = None  # rel -> version, as the last sync listed them
+        self._pages = 0  # pages of the last whole listing
+        self._full_at = -1e18  # monotonic time of the last whole listing
+        self._changed: dict[str, float] = {}  # folder -> monotonic time its event files last changed
         self._seen = self._load()
 
     def sync(self) -> str:
@@ -74,25 +88,11 @@ class Mirror:
                 if self._fs is None:
                     self._fs, self._root = remote.filesystem(self.url)
                 self._fs.invalidate_cache()
-                listing = self._fs.find(self._root, detail=True, withdirs=False)
-            except FileNotFoundError:
-                listing = {}
+                objects = self._list()
             except Exception as error:
                 raise OSError(f"cannot list {self.shown}: {type(error).__name__}: "
                               f"{str(error).replace(self.url, self.shown)[:300]}") from None
             self.downloaded = self.downloaded_bytes = 0
-            self.objects = len(listing)
-            objects = {}
-            for path, info in listing.items():
-                if not path.startswith(self._root + "/") or path.endswith("/"):
-                    continue  # not under the root, or a folder marker
-                rel = path[len(self._root) + 1:]
-                if not mirrored(rel):
-                    continue
-                if any(part in ("", ".", "..") for part in rel.split("/")) or "\0" in rel:
-                    self._skip(rel, "its name is no file's name (an empty part, `.`, `..` or a NUL)")
-                    continue
-                objects[rel] = _version(info)
             due = [(rel, version) for rel, version in sorted(objects.items())
                    if self._odd.get(rel) != version  # it cannot be a file of the tree as it is: not until it changes
                    and (self._seen.get(rel) != version or not os.path.isfile(self._local(rel)))]
@@ -108,6 +108,57 @@ class Mirror:
             self._save()
             os.makedirs(self.tree, exist_ok=True)
             return self.tree
+
+    def _list(self) -> dict[str, list[Any]]:
+        """rel -> version of the objects to mirror: the whole URL listed, or, between whole listings, while fewer
+        folders are live than the whole listing has pages, those folders' event files listed and the rest as the
+        last sync found it."""
+        now = time.monotonic()
+        self._changed = {folder: at for folder, at in self._changed.items() if now - at < LIVE_S}
+        live = sorted(self._changed)
+        if self._listed is None or not live or len(live) >= self._pages or now - self._full_at >= self.full_listing_s:
+            found = self._find(self._root)
+            objects = self._objects(found)
+            self._pages = max(1, -(-len(found) // PAGE))
+            self._full_at, self.objects = now, len(found)
+        else:
+            objects = {rel: version for rel, version in self._listed.items()
+                       if not (_folder(rel) in live and _event_file(rel))}
+            for folder in live:
+                objects.update(self._objects(self._find(remote.join(self._root, folder), EVENT_FILE_PREFIX)))
+        for rel, version in objects.items():
+            if _event_file(rel) and self._listed is not None and self._listed.get(rel) != version:
+                self._changed[_folder(rel)] = now  # written to: listed on its own until LIVE_S after
+        self._listed = objects
+        return objects
+
+    def _find(self, path: str, prefix: str = "") -> dict[str, Any]:
+        """The objects under `path` whose names there start with `prefix` (path -> details); {} for none. The
+        library keeps a whole listing's details for reading the objects; those of a listing by prefix are kept
+        here alike (without them a read asked for them: a HEAD on S3, two requests on GCS)."""
+        try:
+            found = self._fs.find(path, detail=True, withdirs=False, prefix=prefix)
+        except FileNotFoundError:
+            return {}
+        if prefix:
+            for name, info in found.items():
+                self._fs.dircache.setdefault(name.rpartition("/")[0], []).append(info)
+        return found
+
+    def _objects(self, found: dict[str, Any]) -> dict[str, list[Any]]:
+        """rel -> version of the objects of a listing that are mirrored (odd names skipped with a warning)."""
+        objects = {}
+        for path, info in found.items():
+            if not path.startswith(self._root + "/") or path.endswith("/"):
+                continue  # not under the root, or a folder marker
+            rel = path[len(self._root) + 1:]
+            if not mirrored(rel):
+                continue
+            if any(part in ("", ".", "..") for part in rel.split("/")) or "\0" in rel:
+                self._skip(rel, "its name is no file's name (an empty part, `.`, `..` or a NUL)")
+                continue
+            objects[rel] = _version(info)
+        return objects
 
     def _local(self, rel: str) -> str:
         return os.path.join(self.tree, *rel.split("/"))
@@ -145,7 +196,8 @@ class Mirror:
                              "event file")
         path = self._local(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with self._fs.open(remote.join(self._root, rel), "rb", cache_type="none") as source:  # a GET per read
+        with self._fs.open(remote.join(self._root, rel), "rb", cache_type="none",  # a GET per read,
+                           size=size) as source:
             if self._append(source, path, size):
                 return
             source.seek(0)
@@ -219,6 +271,14 @@ def _version(info: dict[str, Any]) -> list[Any]:
     if tag is None:
         tag = str(info.get("LastModified") or info.get("updated") or info.get("mtime") or "")
     return [int(info.get("size") or 0), str(tag)]
+
+
+def _folder(rel: str) -> str:
+    return rel.rpartition("/")[0]
+
+
+def _event_file(rel: str) -> bool:
+    return rel.rpartition("/")[2].startswith(EVENT_FILE_PREFIX)
 
 
 def _in_index(rel: str) -> bool:

@@ -45,6 +45,7 @@ from rnnmon.analysis.stragglers import compare_workers, worker_of, worker_order
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
 from rnnmon.format.digest_read import documents_reader, read_run
+from rnnmon.format.eventfile import is_cut
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
 
 from . import plotly_bundle
@@ -353,8 +354,10 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             if entry.version != version:
                 entry.timeline.refresh()
                 entry.version, entry.nbytes = version, entry.timeline.nbytes()
-            problems = entry.timeline.errors
+            problems = [error for error in entry.timeline.errors if not is_cut(error)]
             answer = None if problems else entry.timeline.view(*window)
+            if answer is not None:  # cuts through records: what is around them is drawn, the cut named
+                answer["notes"] = [*answer["notes"], *(error for error in entry.timeline.errors if is_cut(error))]
             entry.nbytes = entry.timeline.nbytes()  # a disagreement found while viewing indexes the file in memory
         self._trim()
         if answer is None:
@@ -390,6 +393,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                 data = read_run(run_dir, run)
                 if data is None:
                     return None
+                data = _cuts_noted(data)
                 entry.version, entry.errors = version, list(data.errors)
                 entry.summary = None if data.errors else self._described(summarize(data), run)
         if entry.errors:
@@ -454,8 +458,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         self.workers_summarized += 1
         reader = RunReader(run)
         run_dir = self._run_dir(run)
-        data = (reader.update_from_files(run_dir) if run_dir is not None
-                else reader.update_from_provider(self._data_provider, ctx, experiment))
+        data = _cuts_noted(reader.update_from_files(run_dir) if run_dir is not None
+                           else reader.update_from_provider(self._data_provider, ctx, experiment))
         if data.errors:
             return WorkerEntry(version, reason=_unreadable(run, data.errors))
         return WorkerEntry(version, summarize(data), step_bins(data.steps))
@@ -519,6 +523,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
                     data = reader.update_from_files(run_dir)  # new bytes only
                 else:
                     data = reader.update_from_provider(self._data_provider, ctx, experiment)  # new chunks only
+                data = _cuts_noted(data)
                 if live is not None and live.reordered == reader.reordered:
                     cached.base = live.timeline  # the new rows follow the rows it indexed
                 if data.info.get("status") == "running":  # more chunks will come: keep what is decoded
@@ -574,6 +579,7 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             finally:
                 described.lock.release()
         version, data = described.read
+        data = _cuts_noted(data)
         return (data.info, data.errors, data.notes, max((mtime_ns / 1e9 for _, _, mtime_ns in version), default=0.0),
                 sum(size for _, size, _ in version))
 
@@ -607,6 +613,16 @@ def _job_answer(job: str, siblings: list[tuple[str, str]], entries: dict[str, Wo
     workers = sorted(group["workers"], key=first)  # stable: ties stay in index order
     bins = [(worker, entries[name].bins) for worker, name in siblings if entries[name].summary is not None]
     return {**group, "workers": workers, "straggler": straggler, "left_out": left_out, "heatmap": heatmap(bins)}
+
+
+def _cuts_noted(data: RunData) -> RunData:
+    """`data` as the routes serve it: a cut through records (`is_cut`: a file that ends inside a record, a record
+    cut and written after) among its notes, not its errors, so the records around it are shown."""
+    cuts = [error for error in data.errors if is_cut(error)]
+    if not cuts:
+        return data
+    return dataclasses.replace(data, errors=[error for error in data.errors if not is_cut(error)],
+                               notes=[*data.notes, *cuts])
 
 
 def _unreadable(run: str, problems: list[str]) -> str:

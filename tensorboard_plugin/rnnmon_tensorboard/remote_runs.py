@@ -28,7 +28,7 @@ from rnnmon.storage import remote
 from rnnmon.storage.mirror import Mirror
 
 LOG = logging.getLogger("rnnmon")
-SYNC_S = 15.0  # between listings of the bucket (`$RNNMON_SYNC_S`): 240 LIST requests an hour, a GET per changed object
+SYNC_S = 15.0  # between syncs (`$RNNMON_SYNC_S`): 240 an hour, a LIST per live run each (see Mirror), a GET per change
 FIRST_SYNC_WAIT_S = 60.0  # a request before the first sync waits this long for it
 
 

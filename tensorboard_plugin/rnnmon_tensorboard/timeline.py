@@ -64,6 +64,7 @@ class TimelineIndex:
 
     def __init__(self, run: RunData) -> None:
         self.run = run.run
+        self.notes = list(run.notes)  # read, but worth knowing: overlapping files, a cut through records
         self.origin, last = extent(run)
         self.end = last - self.origin
         self.rows = _row_counts(run)
@@ -81,7 +82,7 @@ class TimelineIndex:
             >>> index = index.appended(reader.update_from_files(run_dir)) or TimelineIndex(reader.data())
         """
         rows = _row_counts(run)
-        if rows == self.rows:
+        if rows == self.rows and run.notes == self.notes:
             return self
         if (set(rows) != set(self.rows) or any(rows[table] < count for table, count in self.rows.items())
                 or not any(self.rows.values())):  # an empty index has no origin yet
@@ -99,6 +100,7 @@ class TimelineIndex:
             return None
         out = copy.copy(self)
         out.end, out.rows, out.steps, out.gpus = max(self.end, last - self.origin), rows, steps, gpus
+        out.notes = list(run.notes)
         out.gaps = self.gaps.appended(new.gaps, self.origin)
         out.phases = self.phases.appended(_phase_intervals(new.phases), self.origin)
         return out
@@ -119,6 +121,7 @@ class TimelineIndex:
             "gpus": [gpu.view(lo, hi, points) for gpu in self.gpus],
             "gaps": self.gaps.view(lo, hi, max(1, points // 2), "cause"),
             "phases": phases,
+            "notes": self.notes,
         }
 
 

@@ -212,3 +212,21 @@ def test_report_reads_a_run_whole_when_an_index_or_digest_file_is_hostile(indexe
     assert [note for note in run["notes"] if "read whole" in note and name in note], run["notes"]
     bytes_read = int(result.stderr.strip().splitlines()[-1])
     assert bytes_read < 256 << 20  # the run's files and the imports, never the 2 GiB
+
+
+def test_only_a_cut_through_records_is_a_cut():
+    """The tab serves a run whose only damage is a cut (its records around it read), and answers 422 for the rest."""
+    from rnnmon.format.eventfile import is_cut, truncated_at
+
+    name = "events.out.tfevents.1.x"
+    cuts = (f"{name}: {truncated_at(120)}",
+            f"{name}: record at byte 9 cut short: bytes 9-80 skipped, read on from the next whole record",
+            f"{name}: corrupt record at byte 816 (data checksum mismatch): bytes 816-951 skipped, read on from the "
+            "next whole record; record at byte 990 cut short: bytes 990-1000 skipped, read on from the next whole "
+            "record")
+    others = (f"{name}: corrupt record at byte 5 (data checksum mismatch; skipped)",
+              f"{name}: corrupt record header at byte 0 (no whole record after it)",
+              f"{name}: corrupt record at byte 5 (data checksum mismatch; skipped); record at byte 9 cut short: "
+              "bytes 9-80 skipped, read on from the next whole record",
+              f"{name}: not a regular file (a FIFO)", "rnnmon/steps at step 3: expected rows of 7 columns")
+    assert all(is_cut(error) for error in cuts) and not any(is_cut(error) for error in others)

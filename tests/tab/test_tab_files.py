@@ -240,10 +240,38 @@ def test_summary_follows_a_live_file_cut_below_what_it_read(tmp_path):
     _chunk(writer, 51)
     _chunk(writer, 61)
     writer.close()
-    status, body = _get_json(client, "summary?run=live/rnnmon")
+    # The cut record's bytes are skipped and named; every readable step is served (this was a 422 that hid them).
+    status, summary = _get_json(client, "summary?run=live/rnnmon")
     (run,) = _get_json(client, "runs")[1]["runs"]
-    assert status == 422 and run["errors"] and all(error in body for error in run["errors"]), (body, run)
-    assert "skipped, read on from the next whole record" in run["errors"][0]
+    assert status == 200 and summary["steps"] == 70 and not summary["errors"], summary  # 41-50 read before the cut
+    (cut,) = run["notes"]
+    assert not run["errors"] and "skipped, read on from the next whole record" in cut and summary["notes"] == [cut]
+    status, timeline = _get_json(client, "timeline?run=live/rnnmon")
+    assert status == 200 and timeline["steps"]["total"] == 70 and timeline["notes"] == [cut]
+
+
+def test_a_file_that_ends_inside_a_record_serves_its_records_with_the_cut_as_a_note(tmp_path):
+    """A writer stopped mid-append (SIGKILL, a full disk): past the grace time the half-written record was an
+    error, and every route answered 422, hiding the steps before it."""
+    run_dir = str(tmp_path / "job" / "worker-0" / "rnnmon")
+    write_gpu_run(run_dir, 20, status="running")
+    write_gpu_run(str(tmp_path / "job" / "worker-1" / "rnnmon"), 20)
+    (name,) = [n for n in os.listdir(run_dir) if "tfevents" in n]
+    path = os.path.join(run_dir, name)
+    os.truncate(path, os.path.getsize(path) - len(frame(scan_records(path).records[-1])) // 2)
+    os.utime(path, (time.time() - 60, time.time() - 60))  # no writer is still finishing the record
+    client = _client(tmp_path)
+    (run, _) = _get_json(client, "runs")[1]["runs"]
+    (cut,) = run["notes"]
+    assert not run["errors"] and cut == f"{name}: truncated: the file ends inside the record at byte " \
+                                        f"{scan_records(path).offset}", run
+    for route in ("summary", "timeline"):
+        status, body = _get_json(client, f"{route}?run=job/worker-0/rnnmon")
+        assert status == 200 and body["notes"] == [cut], (route, body)
+    assert _get_json(client, "summary?run=job/worker-0/rnnmon")[1]["steps"] == 95  # all but the cut record's 5
+    status, workers = _get_json(client, "workers?run=job/worker-0/rnnmon")
+    assert status == 200 and [w["worker"] for w in workers["workers"]] == ["worker-0", "worker-1"] \
+        and not workers["left_out"], workers
 
 
 def test_runs_follows_a_live_run_beside_a_dangling_link_named_like_an_event_file(tmp_path):
