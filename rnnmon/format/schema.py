@@ -30,8 +30,6 @@ TASK_TYPES = ("chief", "master", "worker", "ps", "evaluator")  # TF_CONFIG's tas
 # digits without leading zeros (`\d` took `worker-١٢`, `worker-１２` and `worker-000001` for workers 12, 12 and 1).
 # Only these names become folders (rnnmon.capture.workers), so a worker's run is always one the tab recognises.
 WORKER_DIR = re.compile(rf"({'|'.join(TASK_TYPES)}|process)-(0|[1-9][0-9]{{0,5}})")
-# A worker's run, `[job/]worker-<index>/rnnmon`, in the syntax Python and JavaScript share (the tab compiles it)
-WORKER_RUN = re.compile(rf"(^|/)(?:{WORKER_DIR.pattern})/{re.escape(RUN_SUBDIR)}$")
 
 RUN_TAG = "rnnmon/run"  # JSON string: run description, rewritten at each fit's start and end
 STEPS_TAG = series.STEPS_TAG

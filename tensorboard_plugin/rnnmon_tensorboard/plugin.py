@@ -50,10 +50,11 @@ from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
 
 from . import plotly_bundle
 from .indexed_timeline import IndexedTimeline
+from .labels import LABELS
 from .read_ahead import ReadAhead
 from .remote_runs import RemoteRuns
 from .run_files import LocalRuns
-from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore
+from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore, reaches
 from .timeline import TimelineIndex, array_bytes
 from .workers_view import WorkerEntry, heatmap, step_bins
 
@@ -276,12 +277,15 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             status = str(info.get("status", "unknown"))
             if status == "running":
                 status = "live" if now - last_write <= self._live_window_s else "stalled"
-            runs.append({"run": run, "name": _display_name(run), "status": status, "live": status == "live",
+            job = worker_of(run)
+            runs.append({"run": run, "name": _display_name(run), "job": job[0] if job else None,
+                         "status": status, "live": status == "live",
                          "last_write": last_write, "age_s": round(now - last_write, 1),
-                         "start": info.get("start"), "errors": problems, "notes": notes})
+                         "start": info.get("start"), "errors": problems, "notes": notes,
+                         "thresholds_reach": reaches(run)})
         if self._local:
             self._offer_reads(ctx, experiment, runs, file_bytes)
-        return {"runs": runs, "live_window_s": self._live_window_s, "worker_run_pattern": schema.WORKER_RUN.pattern}
+        return {"runs": runs, "live_window_s": self._live_window_s, "labels": LABELS}
 
     def _offer_reads(self, ctx: Any, experiment: str, runs: list[dict[str, Any]], file_bytes: dict[str, int]) -> None:
         """Offer the background reader the runs the tab is likely to open next: the one it shows first (the first
@@ -610,7 +614,8 @@ def _job_answer(job: str, siblings: list[tuple[str, str]], entries: dict[str, Wo
     def first(row: dict[str, Any]) -> tuple[bool, float]:  # the straggler, then the longest stall per step
         return row["worker"] != straggler, -((row["input_wait_ms"] or 0.0) + row["host_gap_ms"])
 
-    workers = sorted(group["workers"], key=first)  # stable: ties stay in index order
+    # `order`: the row's place by worker (worker-2 before worker-10), for the tab's sort by that column
+    workers = sorted(({**row, "order": order} for order, row in enumerate(group["workers"])), key=first)
     bins = [(worker, entries[name].bins) for worker, name in siblings if entries[name].summary is not None]
     return {**group, "workers": workers, "straggler": straggler, "left_out": left_out, "heatmap": heatmap(bins)}
 

@@ -125,6 +125,12 @@ class ThresholdsStore:
         return None
 
 
+def reaches(run: str) -> bool:
+    """Whether the file saved at the log directory's root applies to `run` (`[folders/]rnnmon`, as /runs names
+    it): its monitor's log directory is at most `LEVELS_UP` folders below the root."""
+    return run.count("/") <= LEVELS_UP
+
+
 def _read_only_mount(folder: str) -> bool:
     try:
         return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)

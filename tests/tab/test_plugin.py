@@ -29,8 +29,10 @@ from fake_nvml import FakeGpu, FakeNvmlLib, installed, library_missing
 from rnnmon_tensorboard import plotly_bundle
 from rnnmon_tensorboard import plugin as plugin_module
 from rnnmon_tensorboard.downsample import MinMaxPyramid, bin_intervals, minmax_indices
+from rnnmon_tensorboard.labels import CAUSE_LABELS, LABELS, PHASE_LABELS
 from rnnmon_tensorboard.loader import RnnmonLoader
 from rnnmon_tensorboard.plugin import RnnmonPlugin
+from rnnmon_tensorboard.thresholds_store import reaches
 from served_plugin import ROUTE, get, plugin_client, served_plugin
 from synthetic_runs import truncate_event_file, write_bad_description_run, write_gpu_run, write_unreadable_run
 from tensorboard import context
@@ -170,17 +172,40 @@ def test_runs_lists_every_run_with_status(client):
     assert runs["bad_description"]["errors"] and not runs["cpu_fit"]["errors"]
 
 
-def test_runs_serve_the_worker_run_pattern_python_recognises(client):
-    """The tab asks /workers for the runs this pattern matches: the runs worker_of takes for a job's workers."""
-    pattern = get(client, "runs")[1]["worker_run_pattern"]
-    assert pattern == schema.WORKER_RUN.pattern
+def test_runs_name_each_workers_job_as_python_does(client):
+    """The tab asks /workers for a run with a job, and compares a job's runs: /runs names the job as worker_of does
+    (the tab split the path itself, and took `worker-0/rnnmon`'s job for "" where Python says ".")."""
+    assert {run["job"] for run in get(client, "runs")[1]["runs"]} == {None}  # no worker's run in this log dir
     tasks = [json.dumps({"cluster": {}, "task": {"type": kind, "index": index}})
              for kind, index in (("worker", 1), ("chief", 0), ("evaluator", 0), ("worker", 12), ("ps", 0),
                                  ("master", 3))]
     written = [f"job/{worker_name({'TF_CONFIG': task})}/rnnmon" for task in tasks]  # where monitors write
     others = ["exp1/rnnmon", "worker-1x/rnnmon", "myworker-1/rnnmon", "job/worker-1/rnnmon/rnnmon", "rnnmon"]
     for run in [*written, "process-3/rnnmon", *others]:
-        assert bool(re.search(pattern, run)) == (worker_of(run) is not None) == (run not in others), run
+        assert (worker_of(run) is not None) == (run not in others), run
+
+
+def test_runs_and_workers_carry_what_the_tab_would_otherwise_copy(tmp_path):
+    """Each run's job and whether the saved thresholds reach it, the words for every gap cause and phase kind,
+    and each worker's place by name (worker-2 before worker-10) come from the routes; the tab held its own copies
+    of all four."""
+    for index in (0, 2, 10):
+        write_gpu_run(str(tmp_path / "job" / f"worker-{index}" / "rnnmon"), 10)
+    write_gpu_run(str(tmp_path / "worker-0" / "rnnmon"), 10)
+    client = plugin_client(str(tmp_path))
+    status, listing = get(client, "runs")
+    assert status == 200
+    assert {run["run"]: run["thresholds_reach"] for run in listing["runs"]} == dict.fromkeys(
+        ["job/worker-0/rnnmon", "job/worker-10/rnnmon", "job/worker-2/rnnmon", "worker-0/rnnmon"], True)
+    assert [reaches(run) for run in ("rnnmon", "a/b/c/rnnmon", "a/b/c/d/rnnmon")] == [True, True, False]
+    assert {run["run"]: run["job"] for run in listing["runs"]} == {
+        "job/worker-0/rnnmon": "job", "job/worker-10/rnnmon": "job", "job/worker-2/rnnmon": "job",
+        "worker-0/rnnmon": "."}
+    assert listing["labels"] == LABELS
+    status, workers = get(client, "workers", run="job/worker-0/rnnmon")
+    assert status == 200
+    assert sorted(workers["workers"], key=lambda row: row["order"])[-1]["worker"] == "worker-10"
+    assert sorted(row["order"] for row in workers["workers"]) == [0, 1, 2]
 
 
 def test_workers_lists_the_workers_it_leaves_out_with_the_reason(tmp_path):
@@ -277,8 +302,8 @@ def test_timeline_has_profile_phases_and_the_chart_draws_every_phase_kind(tmp_pa
     write_gpu_run(str(tmp_path / "profiled" / "rnnmon"), 3, profile_at=0.05)
     status, body = get(plugin_client(str(tmp_path)), "timeline", run="profiled/rnnmon")
     assert status == 200 and "profile" in body["phases"]["kind"], body["phases"]
-    [drawn] = re.findall(r"const PHASES = \{(.*?)\n\};", _scripts()["chart.js"], re.S)
-    assert set(re.findall(r"^  (\w+): \{label", drawn, re.M)) == set(schema.PHASE_KINDS)  # a band for each
+    [drawn] = re.findall(r"const PHASE_COLORS = \{(.*?)\};", _scripts()["chart.js"], re.S)
+    assert set(re.findall(r"(\w+): \"rgba", drawn)) == set(schema.PHASE_KINDS)  # a colour for each band
 
 
 def test_timeline_of_a_gpu_fit_has_utilization_and_idle_gaps(client):
@@ -490,10 +515,11 @@ def test_the_partial_plotly_bundle_is_served_when_fetched_and_checked_before_it_
 
 
 def test_no_javascript_copies_what_the_routes_serve():
-    """The worker-run pattern, the thresholds file's name and reach, the rules and the verdict's advice come from the
-    routes; no module of the tab keeps its own copy."""
+    """A run's job, a worker's order, the words for gap causes and phases, the thresholds file's name and reach, the
+    rules and the verdict's advice come from the routes; no module of the tab keeps its own copy."""
     rules = Thresholds.schema()
     copies = ["WORKER_RUN", "evaluator", "REACH_LEVELS", THRESHOLDS_FILE, "VERDICT_ADVICE", '"input-bound"',
+              "lastIndexOf(\"-\")", 'split("/")', *(f'"{label}"' for label in [*CAUSE_LABELS.values(), *PHASE_LABELS.values()]),
               *(spec["label"] for spec in rules.values()), *(spec["help"] for spec in rules.values())]
     for name, text in _scripts().items():
         assert [copy for copy in copies if copy in text] == [], name

@@ -21,21 +21,13 @@ import {currentThresholds, ruleSpec} from "./thresholds.js";
 const PLOT_HEIGHT = 600;
 const BAR_LIMIT = 600; // more steps than this in view: lines instead of stacked bars
 const ALERT = {band: "rgba(220, 38, 38, 0.09)", color: "#dc2626", laneY: 108}; // laneY: above 100%
-const CAUSES = {
-  input: {label: "input pipeline", color: "rgba(245, 158, 11, 0.45)"},
-  host: {label: "host / Python", color: "rgba(139, 92, 246, 0.45)"},
-  eval: {label: "validation", color: "rgba(20, 184, 166, 0.45)"},
-  other: {label: "unexplained", color: "rgba(100, 116, 139, 0.45)"},
-  sync: {label: "waiting for another GPU", color: "rgba(225, 29, 72, 0.45)"},
-  warmup: {label: "warm-up (tracing, compiling)", color: "rgba(148, 163, 184, 0.55)"},
-  epoch_end: {label: "epoch end", color: "rgba(99, 102, 241, 0.45)"},
-};
-const PHASES = {
-  eval: {label: "validation phase", color: "rgba(20, 184, 166, 0.10)"},
-  epoch_end: {label: "epoch end", color: "rgba(99, 102, 241, 0.12)"},
-  warmup: {label: "warm-up (tracing)", color: "rgba(148, 163, 184, 0.22)"},
-  profile: {label: "profiler start / save", color: "rgba(234, 88, 12, 0.18)"},
-};
+// Colours by gap cause and phase kind; their words come from /runs (`labels`), a kind without a colour is grey.
+const CAUSE_COLORS = {input: "rgba(245, 158, 11, 0.45)", host: "rgba(139, 92, 246, 0.45)",
+  eval: "rgba(20, 184, 166, 0.45)", other: "rgba(100, 116, 139, 0.45)", sync: "rgba(225, 29, 72, 0.45)",
+  warmup: "rgba(148, 163, 184, 0.55)", epoch_end: "rgba(99, 102, 241, 0.45)"};
+const PHASE_COLORS = {eval: "rgba(20, 184, 166, 0.10)", epoch_end: "rgba(99, 102, 241, 0.12)",
+  warmup: "rgba(148, 163, 184, 0.22)", profile: "rgba(234, 88, 12, 0.18)"};
+const GREY = "rgba(100, 116, 139, 0.3)";
 const COLORS = {compute: "#2563eb", wait: "#f59e0b", host: "#8b5cf6", gpu: ["#0f766e", "#1d4ed8", "#be123c", "#7c3aed"]};
 const GPU_DOMAIN = [0.62, 1.0]; // shared by one utilization row per GPU
 const STEP_ROWS = [
@@ -66,7 +58,7 @@ export function loadPlotly() {
 
 // Draws `columns` (each a run's {timeline, summary}) into `plot`. `runs` are /runs' entries (names, live), `view`
 // the zoomed [start, end] or null; `onZoom` is called with the view the user zooms to (null: the whole run).
-export function drawChart(plot, columns, {runs, view, onZoom}) {
+export function drawChart(plot, columns, {runs, labels, view, onZoom}) {
   plot.hidden = !columns.length;
   if (!columns.length) {
     if (window.Plotly) window.Plotly.purge(plot);
@@ -76,7 +68,8 @@ export function drawChart(plot, columns, {runs, view, onZoom}) {
   const rows = chartRows(columns);
   const figure = {data: [], layout: baseLayout(columns, rows, runs, view)};
   const legend = new Set();
-  const chart = {rows, runs, view, count: columns.length, width: plot.clientWidth,
+  const chart = {rows, runs, labels: labels || {causes: {}, phases: {}}, view, count: columns.length,
+    width: plot.clientWidth,
     once: (key) => (legend.has(key) ? false : (legend.add(key), true))}; // one legend entry per key
   columns.forEach((result, c) => addColumn(figure, result, c, chart));
   if (!window.Plotly) {
@@ -196,7 +189,7 @@ function addColumn(figure, result, c, chart) {
     gpuCount,
     minWidth: span / Math.max(300, chart.width / chart.count) * 1.5, // keep short gaps visible
   };
-  addIdleGaps(figure, timeline.gaps, column, chart.once);
+  addIdleGaps(figure, timeline.gaps, column, chart);
   addUtilization(figure, timeline.gpus, column, chart.once);
   noteUnmeasured(figure, timeline.gpus, column);
   addSteps(figure, timeline.steps, column, chart.once);
@@ -207,8 +200,10 @@ function addColumn(figure, result, c, chart) {
 
 // Each GPU's idle gaps as bands by cause (a binned band's height is the share of its bucket that was idle), with
 // invisible markers that carry the hover. Gaps from step timing (no GPU) go on the first row.
-function addIdleGaps(figure, gaps, column, once) {
-  for (const [cause, style] of Object.entries(CAUSES)) for (let r = 0; r < column.gpuCount; r++) {
+function addIdleGaps(figure, gaps, column, chart) {
+  const causes = new Set([...Object.keys(chart.labels.causes), ...gaps.cause]); // the served order, then any other
+  for (const cause of causes) for (let r = 0; r < column.gpuCount; r++) {
+    const style = {label: chart.labels.causes[cause] ?? cause, color: CAUSE_COLORS[cause] ?? GREY};
     const xs = [];
     const ys = [];
     const mx = [];
@@ -231,7 +226,7 @@ function addIdleGaps(figure, gaps, column, once) {
     if (!xs.length) continue;
     figure.data.push({type: "scatter", mode: "lines", x: xs, y: ys, fill: "toself", fillcolor: style.color,
       line: {width: 0}, hoverinfo: "skip", name: `idle: ${style.label}`, legendgroup: `gap-${cause}`,
-      showlegend: once(`gap-${cause}`), ...column.axes(r)});
+      showlegend: chart.once(`gap-${cause}`), ...column.axes(r)});
     figure.data.push({type: "scatter", mode: "markers", x: mx, y: my, marker: {opacity: 0, size: 10},
       text, hovertemplate: "%{text}<extra></extra>", showlegend: false, legendgroup: `gap-${cause}`,
       ...column.axes(r)});
@@ -299,8 +294,7 @@ function addSteps(figure, steps, column, once) {
 // Phases (validation, epoch ends, warm-up, a profiler's start or stop-and-save) shade the whole column; a binned one fades with its share.
 function addPhases(figure, phases, column, chart) {
   phases.kind.forEach((kind, i) => {
-    const style = PHASES[kind];
-    if (!style) return;
+    const style = {label: chart.labels.phases[kind] ?? kind, color: PHASE_COLORS[kind] ?? GREY};
     figure.layout.shapes.push({type: "rect", layer: "below", xref: column.ref("x", 0), yref: "paper",
       x0: phases.start[i], x1: Math.max(phases.end[i], phases.start[i] + column.minWidth),
       y0: chart.rows[chart.rows.length - 1].domain[0], y1: chart.rows[0].domain[1], fillcolor: style.color,

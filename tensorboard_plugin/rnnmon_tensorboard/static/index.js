@@ -19,7 +19,7 @@ import {buildThresholdsPanel, loadThresholds, noteRuns, onThresholdsChange} from
 import {drawWorkers, redrawWorkers} from "./workers.js";
 import "./preview.js"; // chart.js's: named here too, so the page fetches it with the others, not after chart.js
 
-const state = {runs: [], workerRun: null, selected: ["", ""], view: null, results: new Map(), written: new Map(),
+const state = {runs: [], labels: null, selected: ["", ""], view: null, results: new Map(), written: new Map(),
   statuses: "", workers: ""}; // workers: the signature of the /workers answer drawn or being read
 const ui = {};
 
@@ -89,7 +89,7 @@ async function updateWorkers() {
 
 function updateChart() {
   const columns = selectedRuns(state).map((run) => state.results.get(run.run)).filter((r) => r?.timeline);
-  drawChart(ui.plot, columns, {runs: state.runs, view: state.view, onZoom: setView});
+  drawChart(ui.plot, columns, {runs: state.runs, labels: state.labels, view: state.view, onZoom: setView});
 }
 
 function setView(view) {

@@ -30,11 +30,11 @@ async function getJson(name, params = {}) {
   return response.json();
 }
 
-// The run list into `state.runs`, with the pattern of a worker's run; throws when TensorBoard does not answer.
+// The run list into `state.runs`, with the words for what runs record; throws when TensorBoard does not answer.
 export async function readRuns(state) {
   const listing = await getJson("runs");
   state.runs = listing.runs;
-  state.workerRun = new RegExp(listing.worker_run_pattern);
+  state.labels = listing.labels;
 }
 
 // The /runs entries of the selected runs, in order.
@@ -73,16 +73,10 @@ export async function readRunData(state, names, width) {
 // What /workers answers changes with, for the first selected run: its name and its job's newest write; "" when it is
 // no worker's run.
 export function workersSignature(state) {
-  const first = state.selected[0];
-  if (!state.workerRun?.test(first)) return "";
-  const job = jobOf(first);
-  const newest = Math.max(...state.runs.filter((run) => state.workerRun.test(run.run) && jobOf(run.run) === job)
-    .map((run) => run.last_write));
-  return `${first}@${newest}`;
-}
-
-function jobOf(run) {
-  return run.split("/").slice(0, -2).join("/"); // [job/]worker-<index>/rnnmon
+  const first = state.runs.find((run) => run.run === state.selected[0]);
+  if (!first?.job) return ""; // not a worker's run
+  const newest = Math.max(...state.runs.filter((run) => run.job === first.job).map((run) => run.last_write));
+  return `${first.run}@${newest}`;
 }
 
 // /workers for the first selected run (null when it fails).

@@ -19,7 +19,7 @@ import {ROUTE, el, errorText} from "./dom.js";
 const SAVE_HEADERS = {"Content-Type": "application/json", "X-Rnnmon-Request": "save"};
 const COLUMNS = ["on", "fire", "resolve", "window", "more"]; // the form's columns after the rule: each key's `role`
 
-const panel = {doc: null, signature: "", dirty: false, runs: [], listeners: []};
+const panel = {doc: null, signature: "", dirty: false, deep: [], listeners: []};
 const ui = {};
 
 export function buildThresholdsPanel() {
@@ -92,9 +92,9 @@ export function ruleSpec(rule) {
 }
 
 export function noteRuns(runs) {
-  const signature = runs.map((run) => run.name).join("\n");
-  if (signature === panel.runs.join("\n")) return;
-  panel.runs = runs.map((run) => run.name);
+  const deep = runs.filter((run) => !run.thresholds_reach).map((run) => run.name);
+  if (deep.join("\n") === panel.deep.join("\n")) return;
+  panel.deep = deep;
   if (panel.doc) describeSource();
 }
 
@@ -129,14 +129,13 @@ function describeSource() {
   ui.source.textContent = doc.source === "file" ? "saved file" : "defaults";
   ui.source.className = `rm-th-source rm-th-source-${doc.source}`;
   const path = el("code", "", doc.path || "(none)");
-  const deep = panel.runs.filter((name) => name.split("/").length > doc.levels_up);
   ui.where.replaceChildren(
     doc.source === "file" ? "Saved in " : `No thresholds saved ${doc.writable ? "yet; they would go to " : "at "}`,
     path,
     `. Running monitors whose log directory is this folder or up to ${doc.levels_up} folders below switch to ` +
     "saved thresholds within one flush (about 2 s), unless a nearer thresholds file applies or the monitor " +
     "has watch_thresholds=False. Alerts already recorded keep the thresholds they fired with.",
-    ...(deep.length ? [el("span", "rm-th-warn", ` Too deep to be reached: ${deep.join(", ")}.`)] : []));
+    ...(panel.deep.length ? [el("span", "rm-th-warn", ` Too deep to be reached: ${panel.deep.join(", ")}.`)] : []));
   const notes = [];
   if (!doc.writable) notes.push(["Saving is off", `${doc.reason}. Pass thresholds= to rnnmon.UtilizationMonitor ` +
     `instead, or write ${doc.file_name} next to the runs by hand.`]);

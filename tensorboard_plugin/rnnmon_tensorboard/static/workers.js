@@ -112,20 +112,13 @@ function headerRow() {
 function sorted(rows) {
   if (view.sort === null) return rows;
   const sign = view.descending ? -1 : 1;
-  if (view.sort === "worker") return [...rows].sort((a, b) => sign * compareWorkers(a.worker, b.worker));
+  if (view.sort === "worker") return [...rows].sort((a, b) => sign * (a.order - b.order)); // /workers' order by worker
   return [...rows].sort((a, b) => {
     const [x, y] = [a[view.sort], b[view.sort]];
     if (x === null || x === undefined) return y === null || y === undefined ? 0 : 1;
     if (y === null || y === undefined) return -1;
     return sign * (x - y);
   });
-}
-
-// By task type, then by index: worker-2 before worker-10 (as rnnmon.analysis.stragglers.worker_order).
-function compareWorkers(a, b) {
-  const [kindA, indexA] = [a.slice(0, a.lastIndexOf("-")), Number(a.slice(a.lastIndexOf("-") + 1))];
-  const [kindB, indexB] = [b.slice(0, b.lastIndexOf("-")), Number(b.slice(b.lastIndexOf("-") + 1))];
-  return kindA < kindB ? -1 : kindA > kindB ? 1 : indexA - indexB;
 }
 
 // Two heatmaps side by side, a row per worker (worker-0 on top), time bins across: the mean step per batch against
