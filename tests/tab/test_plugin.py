@@ -519,7 +519,8 @@ def test_no_javascript_copies_what_the_routes_serve():
     rules and the verdict's advice come from the routes; no module of the tab keeps its own copy."""
     rules = Thresholds.schema()
     copies = ["WORKER_RUN", "evaluator", "REACH_LEVELS", THRESHOLDS_FILE, "VERDICT_ADVICE", '"input-bound"',
-              "lastIndexOf(\"-\")", 'split("/")', *(f'"{label}"' for label in [*CAUSE_LABELS.values(), *PHASE_LABELS.values()]),
+              "lastIndexOf(\"-\")", 'split("/")',
+              *(f'"{label}"' for label in [*CAUSE_LABELS.values(), *PHASE_LABELS.values()]),
               *(spec["label"] for spec in rules.values()), *(spec["help"] for spec in rules.values())]
     for name, text in _scripts().items():
         assert [copy for copy in copies if copy in text] == [], name
