@@ -23,21 +23,20 @@ import time
 from typing import Any
 
 from rnnmon.format import schema
+from rnnmon.format.decode import Stored, decode_chunks, marked_event, stored_by
 from rnnmon.format.digest import RunDigest
 from rnnmon.format.digest_file import DigestMismatch, digested, read_records
-from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor
-from rnnmon.format.index import (
+from rnnmon.format.eventfile import EVENT_FILE_MARK, TAIL_GRACE_S, RecordCursor
+from rnnmon.format.index import index_folder
+from rnnmon.format.index_read import (
     FileIndex,
     IndexMismatch,
     devices_in,
-    index_folder,
     listed_documents,
     listed_through,
-    marked_event,
     read_directory,
-    stored_by,
 )
-from rnnmon.format.reader import TAIL_GRACE_S, RunData, RunReader, Stored, decode_chunks
+from rnnmon.format.reader import RunData, RunReader
 
 DOCUMENT_TAGS = frozenset({schema.RUN_TAG, schema.FINDINGS_TAG, schema.ALERTS_TAG, schema.SHAPES_TAG,
                            schema.COMPILES_TAG, schema.SHAPE_STEPS_TAG,

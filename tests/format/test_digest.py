@@ -18,7 +18,7 @@ from rnnmon.analysis.digest_figures import device_figures, step_figures
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import digest, digest_file, index, schema
 from rnnmon.format.digest_read import read_run
-from rnnmon.format.reader import read_logdir
+from rnnmon.format.logdir import read_logdir
 from tests.synthetic_runs import write_gpu_run, write_writers
 
 LONG_STEPS = 200_000  # three digest records and a tail
