@@ -467,6 +467,11 @@ class RunDigest:
                 kind = "util" if tag.startswith(schema.UTIL_TAG_PREFIX) else "stats"
                 self.devices.setdefault(device, DeviceDigest()).add(kind, rows)
 
+    def drop_rows(self) -> None:
+        """Keep the aggregates only (a digest merged after records, which hold none, gives aggregates anyway)."""
+        for table in (self.steps, self.gaps, *self.devices.values()):
+            table.raw = None
+
     def merge(self, other: RunDigest) -> None:
         self.steps.merge(other.steps)
         self.gaps.merge(other.gaps)

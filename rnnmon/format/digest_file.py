@@ -7,7 +7,7 @@ events from the previous record's `through` to this one's (`DigestWriter`, fed b
 thread, one record per `RECORD_STEPS` steps). A torn last record is dropped; a damaged one is a `DigestMismatch`.
 
 Example:
-    >>> digest, through = read_records(index_folder(event_path), os.path.getsize(event_path))
+    >>> digest, through, at = read_records(index_folder(event_path), os.path.getsize(event_path))
 """
 
 from __future__ import annotations
@@ -85,21 +85,27 @@ class DigestWriter:
         self._size += len(data)
 
 
-def read_records(folder: str, event_size: int) -> tuple[RunDigest | None, int]:
-    """The merged digest records in the index `folder` of an event file of `event_size` bytes, and the bytes they
-    cover; (None, 0) where it has none; DigestMismatch where it cannot be read (not a regular file: it is opened as
-    event files are), or a record is damaged, longer than `MAX_RECORD_BYTES` or disagrees with the event file.
-    Read a record at a time: what is held is the merged digest and one record."""
+def read_records(folder: str, event_size: int, at: int = 0, through: int = 0) -> tuple[RunDigest | None, int, int]:
+    """The digest records in the index `folder` of an event file of `event_size` bytes from byte `at` of the digest
+    file (0: all; a kept reader passes where the last call stopped, and the `through` it reached), merged; the
+    bytes of events they reach; and where reading stopped (before a torn last record). (None, `through`, `at`)
+    where there are none; DigestMismatch where the file cannot be read (not a regular file: it is opened as event
+    files are), was cut below `at`, or a record is damaged, longer than `MAX_RECORD_BYTES`, goes back, or disagrees
+    with the event file. Read a record at a time: what is held is the merged digest and one record."""
     path = os.path.join(folder, DIGEST_FILE)
     try:
         fd = open_regular(path)
     except FileNotFoundError:
-        return None, 0
+        if at:
+            raise DigestMismatch("its digest was removed after it was read") from None
+        return None, through, at
     except OSError as error:
         raise DigestMismatch(f"cannot read its digest: {error.strerror or error}") from None
+    merged = None
     try:
         size = os.fstat(fd).st_size
-        merged, through, at = None, 0, 0
+        if size < at:
+            raise DigestMismatch(f"its digest was cut below byte {at}, read before")
         while at + _HEADER.size <= size:
             header = os.pread(fd, _HEADER.size, at)
             if len(header) < _HEADER.size:
@@ -127,4 +133,4 @@ def read_records(folder: str, event_size: int) -> tuple[RunDigest | None, int]:
         os.close(fd)
     if merged is not None and through > event_size:
         raise DigestMismatch(f"its digest covers {through} bytes of events, the event file holds fewer")
-    return merged, through
+    return merged, through, at

@@ -263,8 +263,9 @@ class FileIndex:
         """How this file describes `tag`: learnt from its records, or from its first `SCAN_BYTES` where the scan
         started past them (a disk index), read only as far as the tag's first value; None (as this reader writes
         it) where they do not say."""
-        for records in self._head:
-            if tag in self._stored:
+        while tag not in self._stored:  # (each batch taken from the head is read: none once the tag is known)
+            records = next(self._head, None)
+            if records is None:
                 break
             for event in filter(None, (marked_event(record, _MARKS) for record in records)):
                 for value in event.summary.value:
@@ -291,11 +292,13 @@ class FileIndex:
             raise self.damaged(str(error)) from None
 
 
-def read_directory(path: str, event_size: int, last: bool = False) -> np.ndarray:
-    """Every whole record of the chunk directory (`dir.*`) at `path` (with `last`, the last one only), read as
-    event files are read: a regular file only, opened non-blocking, its size taken from the descriptor.
-    IndexMismatch where it cannot be read, or names more events than an event file of `event_size` bytes can hold
-    (a huge sparse file is refused before any read); FileNotFoundError where there is none."""
+def read_directory(path: str, event_size: int, last: bool = False, start: int = 0,
+                   limit: int | None = None) -> np.ndarray:
+    """The whole records of the chunk directory (`dir.*`) at `path` from record `start` on, at most `limit` of them
+    (with `last`, the last one only), read as event files are read: a regular file only, opened non-blocking, its
+    size taken from the descriptor. IndexMismatch where it cannot be read, or names more events than an event file
+    of `event_size` bytes can hold (a huge sparse file is refused before any read); FileNotFoundError where there is
+    none."""
     name = os.path.basename(path)
     try:
         fd = open_regular(path)
@@ -307,11 +310,11 @@ def read_directory(path: str, event_size: int, last: bool = False) -> np.ndarray
         count = os.fstat(fd).st_size // DIRECTORY.itemsize
         if count > event_size // MIN_EVENT_BYTES + 1:
             raise IndexMismatch(f"{name} names {count} events, more than its event file of {event_size} bytes holds")
-        first = count - 1 if last and count else 0
+        first = count - 1 if last and count else min(start, count)
+        wanted = (count - first if limit is None else min(limit, count - first)) * DIRECTORY.itemsize
         data = bytearray()
-        while len(data) < (count - first) * DIRECTORY.itemsize:
-            piece = os.pread(fd, min(READ_BYTES, (count - first) * DIRECTORY.itemsize - len(data)),
-                             first * DIRECTORY.itemsize + len(data))
+        while len(data) < wanted:
+            piece = os.pread(fd, min(READ_BYTES, wanted - len(data)), first * DIRECTORY.itemsize + len(data))
             if not piece:
                 break  # cut while read: its whole records so far
             data += piece

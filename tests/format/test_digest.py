@@ -17,9 +17,9 @@ import pytest
 from rnnmon.analysis.digest_figures import device_figures, step_figures
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import digest, digest_file, index, schema
-from rnnmon.format.digest_read import read_run
+from rnnmon.format.digest_read import DigestReader, read_run
 from rnnmon.format.logdir import read_logdir
-from tests.synthetic_runs import write_gpu_run, write_writers
+from tests.synthetic_runs import LiveRun, write_gpu_run, write_writers
 
 LONG_STEPS = 200_000  # three digest records and a tail
 LAYOUT_1 = os.path.join(os.path.dirname(__file__), "fixtures", "digest-layout-1.bin")  # of `_fixture_tables`
@@ -50,6 +50,19 @@ def _records(run_dir: str) -> tuple[str, list[tuple[int, bytes]]]:
         out.append((through, data[at + 16: at + 16 + size]))
         at += 16 + size
     return path, out
+
+
+def _records_of(run_dir: str, at: int) -> tuple[str, list[tuple[int, bytes]]]:
+    """The digest file of the `at`-th event file's index, and its records."""
+    folder = sorted(glob.glob(os.path.join(run_dir, "rnnmon-index", "*")))[at]
+    with open(os.path.join(folder, digest_file.DIGEST_FILE), "rb") as file:
+        data = file.read()
+    out, position = [], 0
+    while position < len(data):
+        through, size, _ = struct.unpack_from("<QII", data, position)
+        out.append((through, data[position + 16: position + 16 + size]))
+        position += 16 + size
+    return os.path.join(folder, digest_file.DIGEST_FILE), out
 
 
 def _write_records(path: str, records: list[tuple[int, bytes]]) -> None:
@@ -302,3 +315,27 @@ def test_a_digest_written_before_a_column_was_added_reads_it_as_not_recorded_and
     assert np.isnan(older.steps.top[:, 4]).all() and older.steps.top.shape == (256, 7)
     figures["gpus"][0]["power_mean_w"] = today["gpus"][0]["power_mean_w"]
     assert figures["gpus"] == today["gpus"] and figures["gaps"] == today["gaps"]
+
+
+def test_a_kept_digest_reader_reads_a_growing_run_as_a_fresh_read_does(tmp_path):
+    """The tab keeps one reader per run and merges only what is new: across digest records landing, a second event
+    file and a digest found damaged, each read summarizes as a fresh read of the files as they are."""
+    run_dir = str(tmp_path / "live" / "rnnmon")
+    live, kept = LiveRun(run_dir), DigestReader(run_dir, "live/rnnmon")
+    for chunk in range(30):
+        live.chunk(5000)
+        if chunk in (0, 12, 13, 14, 26, 29):  # records at the first event after 65,536 and 131,072 steps
+            assert summarize(kept.read()) == summarize(read_run(run_dir, "live/rnnmon"))
+    live.close()
+    second = LiveRun(run_dir, start=live.t + 60)  # a second event file after the first
+    second.chunk(3000)
+    data = kept.read()
+    assert data.digest.steps.rows == 153_000 and summarize(data) == summarize(read_run(run_dir, "live/rnnmon"))
+    path, _ = _records_of(run_dir, 0)
+    os.truncate(path, os.path.getsize(path) - 100)  # cut below what the kept reader read: it notes it, reads whole
+    second.chunk(1000)
+    whole = kept.read()
+    assert whole.digest is None and "its digest was cut below byte" in whole.notes[-1]
+    again = kept.read()  # afresh: the torn record dropped, its events read as tail
+    assert again.digest.steps.rows == 154_000 and summarize(again) == summarize(read_run(run_dir, "live/rnnmon"))
+    second.close()
