@@ -46,15 +46,27 @@ class DigestWriter:
         self._size = 0
         self._sealed: list[bytes] = []  # records not written yet
 
-    def add(self, tag: str, rows: np.ndarray, offset: int, length: int) -> None:
-        """A chunk of `tag` in the event at `offset` (framed `length` bytes), after those added before; a record is
-        sealed at the first event after `RECORD_STEPS` steps (a record covers whole events)."""
-        if not digested(tag):
-            return
-        if offset >= self._through:
-            self._seal()
-        self._digest.add(tag, rows)
-        self._through = max(self._through, offset + length)
+    def add_events(self, chunks: list[tuple[str, np.ndarray, int, int]]) -> None:
+        """Chunks (tag, rows, offset of their event, its framed length) in file order, after those added before; a
+        record is sealed at the first event after `RECORD_STEPS` steps (a record covers whole events). Each table's
+        rows between two seals are digested at once."""
+        pending: dict[str, list[np.ndarray]] = {}
+        steps = self._digest.steps.rows
+        for tag, rows, offset, length in chunks:
+            if not digested(tag):
+                continue
+            if offset >= self._through and steps >= RECORD_STEPS:
+                self._add(pending)
+                self._seal()
+                pending, steps = {}, 0
+            pending.setdefault(tag, []).append(rows)
+            steps += len(rows) if tag == schema.STEPS_TAG else 0
+            self._through = max(self._through, offset + length)
+        self._add(pending)
+
+    def _add(self, pending: dict[str, list[np.ndarray]]) -> None:
+        for tag, parts in pending.items():
+            self._digest.add(tag, parts[0] if len(parts) == 1 else np.concatenate(parts))
 
     def _seal(self) -> None:
         if self._digest.steps.rows < RECORD_STEPS:

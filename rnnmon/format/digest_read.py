@@ -29,11 +29,12 @@ from typing import Any
 import numpy as np
 
 from rnnmon.format import schema
-from rnnmon.format.decode import Stored, decode_chunks, marked_event, stored_by
+from rnnmon.format.decode import BAD_DEVICE, Stored, decode_chunks, marked_event, stored_by, table_width
 from rnnmon.format.digest import RunDigest
 from rnnmon.format.digest_file import DigestMismatch, digested, read_records
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor
-from rnnmon.format.index import index_folder
+from rnnmon.format.index import found_index_folder
+from rnnmon.format.index_build import build_index
 from rnnmon.format.index_read import (
     FileIndex,
     IndexMismatch,
@@ -89,7 +90,7 @@ class DigestReader:
         except OSError:
             return None
         paths = [os.path.join(self.run_dir, n) for n in names]
-        if not paths or not all(os.path.isdir(index_folder(p)) for p in paths):
+        if not paths or not all(build_index(p) for p in paths):  # built once where a file has none
             return None
         try:
             if self._overlapping(paths):
@@ -116,7 +117,7 @@ class DigestReader:
         spans = []
         for path in paths:
             part = self._file(path)
-            steps = os.path.join(index_folder(path), "dir.steps")
+            steps = os.path.join(found_index_folder(path), "dir.steps")
             try:
                 size = os.path.getsize(path)
                 if part.first_time is None:
@@ -134,7 +135,7 @@ class DigestReader:
         for path in paths:
             part = self._file(path)
             event_size = os.path.getsize(path)
-            new, through, part.read_to = read_records(index_folder(path), event_size, part.read_to, part.through)
+            new, through, part.read_to = read_records(found_index_folder(path), event_size, part.read_to, part.through)
             if new is not None:
                 if part.records is None:
                     part.records = new
@@ -175,7 +176,7 @@ class DigestReader:
 def _check_counts(part: _FileDigest, event_size: int) -> None:
     """The digest's steps and gaps are the rows the index's chunk directory names before `through` (each
     directory read from where the last check stopped)."""
-    folder = index_folder(part.path)
+    folder = found_index_folder(part.path)
     counted = {"steps": 0, "gaps": 0}
     for name in os.listdir(folder):
         kind = "steps" if name == "dir.steps" else "gaps" if name.startswith("dir.gaps.") else None
@@ -215,6 +216,9 @@ def _tail(part: _FileDigest) -> None:
                     stored = stored_by(value)
                     if stored is not None:
                         part.described[value.tag] = stored
+                elif table_width(value.tag) == BAD_DEVICE:  # as the reader names it
+                    part.errors.append(f"{value.tag} at step {event.step}: not a device tag (expected a GPU index "
+                                       "after 'gpu')")
         for tag, tensors in staged.items():
             rows, _, _, failed = decode_chunks(tag, tensors, part.described.get(tag) or part.head.stored(tag))
             part.errors += [f"{tag}: {error}" for _, error in failed]

@@ -20,8 +20,9 @@ bytes, so a reader finds a record by its number and drops a torn last one:
 
 Rows a writer has not closed a level-0 record for yet (fewer than `BLOCK` per series) are read from the event file
 through `dir.*`. A reader (`FileIndex`) takes the index as far as it goes, then the event file's bytes after the last
-chunk it names, indexed in memory: a run written before the index existed (formats 1 and 2), or whose index was lost
-or disagrees with its data, is indexed in memory on first read, a bounded batch of records at a time.
+chunk it names, indexed in memory: a run whose index disagrees with its data is indexed in memory on first read, a
+bounded batch of records at a time. A run written before the index existed (formats 1 and 2), or copied without it,
+gets it built by its first reader and kept (`rnnmon.format.index_build`).
 
 This module holds what the files are: their names, record types and checksums, and the series a table's rows
 draw. Writing them: `rnnmon.format.index_write`; reading one event file's: `rnnmon.format.index_read`; a run's
@@ -34,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import zlib
@@ -81,6 +83,25 @@ def index_folder(event_path: str) -> str:
     """The index folder of an event file: `<run>/rnnmon-index/<the file name after "tfevents.">`."""
     folder, name = os.path.split(event_path)
     return os.path.join(folder, INDEX_DIR, name.split(EVENT_FILE_MARK, 1)[-1].lstrip("."))
+
+
+def cached_index_folder(event_path: str) -> str:
+    """Where a reader keeps the index it built for an event file whose own folder cannot be written: under the
+    user's cache directory (`$XDG_CACHE_HOME`, else `~/.cache`), `rnnmon/rnnmon-index/<hash of the file's real
+    path>`."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = hashlib.sha256(os.path.realpath(event_path).encode()).hexdigest()[:32]
+    return os.path.join(root, "rnnmon", INDEX_DIR, key)
+
+
+def found_index_folder(event_path: str) -> str:
+    """The index folder a reader reads: beside the event file where there is one, else the one a reader built in
+    the cache (`cached_index_folder`), else beside (none yet)."""
+    beside = index_folder(event_path)
+    if os.path.isdir(beside):
+        return beside
+    cached = cached_index_folder(event_path)
+    return cached if os.path.isdir(cached) else beside
 
 
 def drawn(tag: str) -> bool:

@@ -16,6 +16,7 @@ import numpy as np
 
 from rnnmon.format.eventfile import EVENT_FILE_MARK
 from rnnmon.format.index import FAN, dir_name, intact
+from rnnmon.format.index_build import build_index
 from rnnmon.format.index_read import FileIndex, bisect_field, devices_in
 
 
@@ -38,6 +39,7 @@ class RunIndex:
         for name in names:
             index = self.files.get(name)
             if index is None:
+                build_index(os.path.join(self.run_dir, name))  # a file without an index gets one, once
                 index = self.files[name] = FileIndex(os.path.join(self.run_dir, name))
                 for device, described in devices_in(index.path).items():
                     self.devices.setdefault(device, described)

@@ -35,7 +35,7 @@ from rnnmon.format.index import (
     drawn,
     dtype_of,
     empty_series,
-    index_folder,
+    found_index_folder,
     intact,
     series_of,
     tag_of,
@@ -94,7 +94,7 @@ class FileIndex:
 
     def __init__(self, event_path: str) -> None:
         self.path = event_path
-        self.folder = index_folder(event_path)
+        self.folder = found_index_folder(event_path)
         self.disk = Part()
         self.memory = Part()
         self.notes: list[str] = []
@@ -345,7 +345,7 @@ def listed_documents(event_path: str, through: int) -> list[bytes] | None:
     IndexMismatch where `dir.docs` cannot be read or a listed event is not whole."""
     try:
         event_size = os.path.getsize(event_path)
-        entries = read_directory(os.path.join(index_folder(event_path), DOCUMENTS), event_size)
+        entries = read_directory(os.path.join(found_index_folder(event_path), DOCUMENTS), event_size)
     except FileNotFoundError:
         return None
     if not intact(entries):
@@ -376,7 +376,7 @@ def listed_through(event_path: str) -> int:
     step order). IndexMismatch where a directory cannot be read, or its last record fails its checksum or names
     bytes past the event file's end."""
     end = 0
-    folder = index_folder(event_path)
+    folder = found_index_folder(event_path)
     try:
         names = [name for name in os.listdir(folder)
                  if name == DOCUMENTS or (name.startswith("dir.") and INDEX_FILE.fullmatch(name))]

@@ -260,9 +260,9 @@ class IndexWriter:
                 self.abandon("a chunk's event was not located")
                 return
             self._builder.add(tag, rows, step, *self._where[step])
-            self._digest.add(tag, rows, *self._where[step])
             if tag == schema.PHASES_TAG:
                 documents[step] = None
+        self._digest.add_events([(tag, rows, *self._where[step]) for tag, rows, step in staged])
         if documents:
             if not set(documents) <= set(self._where):
                 self.abandon("a document's event was not located")
