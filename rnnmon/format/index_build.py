@@ -32,13 +32,13 @@ from rnnmon.format.index import DIRECTORY, DOCUMENTS, cached_index_folder, drawn
 from rnnmon.format.index_write import IndexBuilder
 from rnnmon.format.run_lock import writer_alive
 
-SCAN_BYTES = 4 << 20  # event bytes decoded at a time: ~16 MB of rows at once
+SCAN_BYTES = 1 << 20  # event bytes decoded at a time: ~4 MB of rows at once
 _MARK = (f"{schema.PLUGIN_NAME}/".encode(),)  # every rnnmon tag starts so
 
 
 def build_index(event_path: str) -> str | None:
     """The index folder of `event_path`: the one it has, else one built now (beside the run, else in the cache);
-    None where a monitor is writing the file, or neither place can be written."""
+    None where a monitor is writing the file, neither place can be written, or building fails."""
     found = found_index_folder(event_path)
     if os.path.isdir(found):
         return found
@@ -57,6 +57,8 @@ def build_index(event_path: str) -> str | None:
         except OSError:
             if os.path.isdir(folder):  # another reader built it first
                 return folder
+        except Exception:  # a file it cannot index (never seen): read as without an index
+            return None
         finally:
             with contextlib.suppress(OSError):
                 shutil.rmtree(staging)
