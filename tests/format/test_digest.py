@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import struct
+import time
 import tracemalloc
 import zlib
 
@@ -327,6 +328,9 @@ def test_a_kept_digest_reader_reads_a_growing_run_as_a_fresh_read_does(tmp_path)
         if chunk in (0, 12, 13, 14, 26, 29):  # records at the first event after 65,536 and 131,072 steps
             assert summarize(kept.read()) == summarize(read_run(run_dir, "live/rnnmon"))
     live.close()
+    (first,) = glob.glob(os.path.join(run_dir, "*tfevents*"))
+    while int(time.time()) <= int(os.path.basename(first).split(".")[3]):
+        time.sleep(0.05)  # a name of a later second: files are read in name order (a counter at 10 sorts before 9)
     second = LiveRun(run_dir, start=live.t + 60)  # a second event file after the first
     second.chunk(3000)
     data = kept.read()
