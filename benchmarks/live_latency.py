@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tab_session import open_tab, tensorboard
 
-from rnnmon.format.reader import read_logdir
+from rnnmon.format.logdir import read_logdir
 
 SETTLE_S = 15.0
 FIT = textwrap.dedent("""

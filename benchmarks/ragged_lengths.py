@@ -93,7 +93,7 @@ def _tf_pipeline(arm: str, tokens, sizes, labels, lengths: list[int]) -> tuple:
 
 def _fit(backend: str, arm: str, examples: int, lengths: list[int], units: int) -> dict:
     from rnnmon.analysis.summary import summarize
-    from rnnmon.format.reader import read_logdir
+    from rnnmon.format.logdir import read_logdir
 
     with tempfile.TemporaryDirectory() as logdir:
         env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -48,7 +48,7 @@ from fake_nvml import library_missing
 
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
-from rnnmon.format.reader import read_logdir
+from rnnmon.format.logdir import read_logdir
 
 
 class Sleeper(keras.callbacks.Callback):

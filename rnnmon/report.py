@@ -1,6 +1,6 @@
 """`rnnmon report`: every run with rnnmon data under a log directory, as a table or as JSON.
 
-Runs are read from their event files by `rnnmon.format.reader.read_logdir`: no TensorFlow is imported; a run with a
+Runs are read from their event files by `rnnmon.format.logdir.read_logdir`: no TensorFlow is imported; a run with a
 reading index is read through its digest (`rnnmon.format.digest_read`), so its cost does not grow with its steps.
 Names and messages come from files anyone could have written, so the text report shows control characters escaped.
 
@@ -20,7 +20,7 @@ from rnnmon.analysis.stragglers import compare_workers, worker_of
 from rnnmon.analysis.summary import gap_list, summarize
 from rnnmon.analysis.trials import compare_trials
 from rnnmon.analysis.verdict import label
-from rnnmon.format.reader import read_logdir
+from rnnmon.format.logdir import read_logdir
 from rnnmon.storage import remote
 from rnnmon.storage.mirror import Mirror
 

@@ -11,11 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# Indexes a reader builds for runs it cannot index beside (rnnmon.format.index_build) go here, not the user's cache
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rnnmon-tests-cache-")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the helpers: fake_nvml, synthetic_runs
 
 import numpy as np

@@ -69,6 +69,40 @@ def write_gpu_run(run_dir: str, chunks: int, *, steps_per_chunk: int = 5, gpus: 
     writer.close()
 
 
+class LiveRun:
+    """A run being written, a chunk at a time, by rnnmon's writer (index and digest records included): steps of 20
+    ms waiting ~6 ms for input, an input gap and GPU 0's samples per chunk.
+
+    Example:
+        run = LiveRun(str(tmp_path / "live" / "rnnmon")); run.chunk(1000); run.close()
+    """
+
+    def __init__(self, run_dir: str, start: float | None = None) -> None:
+        self.run_dir, self.step, self.t = run_dir, 0, time.time() - 86400 if start is None else start
+        self.writer = SummaryWriter(run_dir)
+        self.writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "running", "start": self.t,
+                                          "backend": "tensorflow", "input_wait": "measured", "idle_pct": 5.0})
+        self._rng = np.random.default_rng(self.step)
+
+    def chunk(self, steps: int) -> None:
+        """`steps` more steps, their gap and samples, flushed (events, then index and digest)."""
+        begin = self.t + np.arange(steps) * STEP_S
+        first = np.arange(steps) + self.step == 0
+        self.writer.table(schema.STEPS_TAG, np.column_stack([
+            self.step + np.arange(steps) + 1, np.full(steps, self.step // 10_000), begin, begin + STEP_S * 0.9,
+            1e3 * WAIT_S * self._rng.uniform(0.5, 1.5, steps), np.where(first, np.nan, 1e3 * STEP_S * 0.1),
+            np.ones(steps)]))
+        times = self.t + np.arange(0, steps * STEP_S, SAMPLE_S)
+        self.writer.table(f"{schema.UTIL_TAG_PREFIX}0", np.column_stack([times, self._rng.uniform(60, 95, len(times))]),
+                          device={"index": 0, "name": "Fake GPU <0>"})
+        self.writer.table(schema.GAPS_TAG, [(0, times[0], times[1], schema.GAP_CAUSES.index("input"))])
+        self.writer.flush()
+        self.step, self.t = self.step + steps, self.t + steps * STEP_S
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 def write_writers(run_dir: str, writers: int, steps_each: int, chunk: int) -> None:
     """`writers` writers' file series in one run folder (processes on one log_dir before rnnmon's writer lock),
     each with steps 1..`steps_each` in chunks of `chunk`, their chunks interleaved."""

@@ -11,12 +11,13 @@ from conftest import ROOT
 PACKAGE_ROOTS = {"rnnmon": ROOT, "rnnmon_tensorboard": os.path.join(ROOT, "tensorboard_plugin")}
 
 
-def layers() -> dict[str, int]:
-    """Module or package name -> layer number, from the numbered list under "## Import layers"."""
+def layers(nested: bool = False) -> dict[str, int]:
+    """Module or package name -> layer number, from the numbered list under "## Import layers"; with `nested`, the
+    sub-layers listed (indented) inside a folder's layer instead."""
     with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
         section = f.read().split("## Import layers", 1)[1].split("\n## ", 1)[0]
     found = {}
-    for number, line in re.findall(r"^(\d+)\. (.*)$", section, re.M):
+    for number, line in re.findall(r"^ {3}(\d+)\. (.*)$" if nested else r"^(\d+)\. (.*)$", section, re.M):
         for name in re.findall(r"`(rnnmon[\w.]*)`", line.split(":")[0]):
             found[name] = int(number)
     return found
@@ -76,3 +77,42 @@ def test_no_module_imports_from_a_higher_layer():
                 upward.append(f"{name} (layer {layer_of(name, table)}) imports {target} "
                               f"(layer {layer_of(target, table)})")
     assert upward == []
+
+
+def test_every_module_of_a_folder_with_sub_layers_has_one():
+    inner = layers(nested=True)
+    folders = {name.rpartition(".")[0] for name in inner}
+    assert folders == {"rnnmon.format"}
+    assert [name for name in modules() if name.rpartition(".")[0] in folders and name not in inner] == []
+
+
+def test_no_module_imports_from_a_higher_sub_layer_of_its_folder():
+    inner, known = layers(nested=True), modules()
+    upward = []
+    for name in sorted(inner):
+        for target in imports(name, known[name], known):
+            if target in inner and target.rpartition(".")[0] == name.rpartition(".")[0] and inner[target] > inner[name]:
+                upward.append(f"{name} ({inner[name]}) imports {target} ({inner[target]})")
+    assert upward == []
+
+
+def test_no_import_circle():
+    """No module reaches itself through its imports, late ones included (modules of one layer may import each other,
+    so the layers alone do not rule a circle out)."""
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    circles, state = [], {}  # state: 1 on the current path, 2 done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                circles.append(" -> ".join([*path[path.index(target):], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert circles == []

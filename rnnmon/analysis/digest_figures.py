@@ -22,8 +22,6 @@ from rnnmon.format import schema
 from rnnmon.format.digest import (
     BUCKETS,
     EDGES_MS,
-    STAT_MAX,
-    STAT_MEAN,
     TOP,
     DeviceDigest,
     StepDigest,
@@ -268,14 +266,12 @@ def device_figures(digest: DeviceDigest, idle_pct: float) -> dict[str, Any]:
                 "sm_occupancy_mean": _column_stat(stats, "sm_occupancy_pct", np.nanmean)}
     count = int(digest.util[0])
     idle = float(digest.util[2:2 + int(np.clip(math.floor(idle_pct), -1, 100)) + 1].sum())
-    maxima = len(STAT_MAX)
-    means = [digest.stats[maxima + 2 * i] / digest.stats[maxima + 2 * i + 1] if digest.stats[maxima + 2 * i + 1] > 0
-             else math.nan for i in range(len(STAT_MEAN))]
     return {"util_mean": _round(digest.util[1] / count) if count else None,
             "idle_fraction": _round(idle / count) if count else None, "samples": count,
-            "memory_used_max_mib": _round(digest.stats[0]), "memory_total_mib": _round(digest.stats[1]),
-            "power_mean_w": _round(means[0]), "sm_activity_mean": _round(means[1]),
-            "sm_occupancy_mean": _round(means[2])}
+            "memory_used_max_mib": _round(digest.maximum("memory_used_mib")),
+            "memory_total_mib": _round(digest.maximum("memory_total_mib")),
+            "power_mean_w": _round(digest.mean("power_w")), "sm_activity_mean": _round(digest.mean("sm_activity_pct")),
+            "sm_occupancy_mean": _round(digest.mean("sm_occupancy_pct"))}
 
 def _joined(parts: list[np.ndarray], width: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty((0, width))

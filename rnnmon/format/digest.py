@@ -41,7 +41,7 @@ from rnnmon.format import schema
 
 CAP = 65536  # rows kept whole per table: below it every figure is exact
 RECORD_STEPS = 65536  # steps per digest record the writer writes
-MAX_HEADER_BYTES = 64 << 10  # a record's JSON header at most (8 GPUs: 819 bytes)
+MAX_HEADER_BYTES = 64 << 10  # a record's JSON header at most (8 GPUs: 3.6 KB)
 MAX_INFLATED_BYTES = 16 << 20  # a record's arrays at most, inflated (8 GPUs: 214 KB), so a zlib bomb stops here
 TOP = 256  # slowest steps kept whole (slow steps, recompiles)
 LONGEST = 20  # longest gaps kept whole
@@ -51,6 +51,19 @@ RELATIVE_ERROR = 2 ** (1 / (2 * SUB)) - 1  # 0.54%: a bucket's geometric middle 
 GAP_HISTOGRAM_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000, 300000, math.inf)
 STAT_MAX = ("memory_used_mib", "memory_total_mib")
 STAT_MEAN = ("power_w", "sm_activity_pct", "sm_occupancy_pct")
+# Each GPU's stats fields, stored by these names: the maxima, then a sum and a count per mean
+STAT_FIELDS = (*(f"{name}.max" for name in STAT_MAX), *(f"{name}.{part}" for name in STAT_MEAN
+                                                           for part in ("sum", "count")))
+_STAT_DEFAULTS = {"max": math.nan, "sum": 0.0, "count": 0.0}  # a field not recorded: no values
+_STEP_SCALARS = ("rows", "batches", "first_epoch", "first_start", "last_epoch", "changes", "kept", "fit_epoch")
+# Layout 1 (records written until December 2026) stored these fields by position: field -> the prefix and the
+# names of its parts, frozen here (layout 2 stores every part by its name, so a new column is an addition)
+_LAYOUT_1 = {"scalars": ("", _STEP_SCALARS),
+             "top": ("top.", ("step", "epoch", "begin", "end", "input_wait_ms", "host_gap_ms", "batches")),
+             "longest": ("longest.", ("device", "start", "end", "cause")),
+             "stats": ("stats.", ("memory_used_mib.max", "memory_total_mib.max", "power_w.sum", "power_w.count",
+                                  "sm_activity_pct.sum", "sm_activity_pct.count", "sm_occupancy_pct.sum",
+                                  "sm_occupancy_pct.count"))}
 _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
 _STAT = {name: i for i, name in enumerate(schema.STAT_COLUMNS)}
 EDGES_MS = 2.0 ** (LOW + np.arange(BUCKETS) / SUB)  # bucket k > 0 holds (edge[k-1], edge[k]]
@@ -198,23 +211,24 @@ class StepDigest:
             self.fit_epoch = other.fit_epoch
 
     def state(self) -> dict[str, np.ndarray]:
-        scalars = np.array([self.rows, self.batches, self.first_epoch, self.first_start, self.last_epoch,
-                            self.changes, self.kept, self.fit_epoch], dtype=np.float64)
-        return {"scalars": scalars, "sums": self.sums, "step_hist": self.step_hist, "wait_hist": self.wait_hist,
+        return {**{name: np.float64(getattr(self, name)) for name in _STEP_SCALARS},
+                "sums": self.sums, "step_hist": self.step_hist, "wait_hist": self.wait_hist,
                 "unwaited": self.unwaited, "unwaited_sums": self.unwaited_sums,
-                "firsts": self.firsts, "stretches": self.stretches, "top": self.top}
+                "firsts": self.firsts, "stretches": self.stretches, **_by_column("top", self.top, schema.STEP_COLUMNS)}
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> StepDigest:
         out = cls()
         out.raw = None
-        (rows, out.batches, out.first_epoch, first_start, out.last_epoch, changes, kept,
-         out.fit_epoch) = state["scalars"].tolist()
-        out.rows, out.first_start, out.changes, out.kept = int(rows), bool(first_start), int(changes), int(kept)
-        for name in ("sums", "step_hist", "wait_hist", "unwaited", "firsts", "stretches", "top"):
-            setattr(out, name, _shaped(state[name], getattr(out, name).shape, name in ("firsts", "stretches", "top")))
+        out.batches, out.first_epoch, out.last_epoch, out.fit_epoch = (
+            _scalar(state, name) for name in ("batches", "first_epoch", "last_epoch", "fit_epoch"))
+        out.rows, out.changes, out.kept = (int(_scalar(state, name)) for name in ("rows", "changes", "kept"))
+        out.first_start = bool(_scalar(state, "first_start"))
+        for name in ("sums", "step_hist", "wait_hist", "unwaited", "firsts", "stretches"):
+            setattr(out, name, _shaped(state[name], getattr(out, name).shape, name in ("firsts", "stretches")))
         if "unwaited_sums" in state:
             out.unwaited_sums = _shaped(state["unwaited_sums"], out.unwaited_sums.shape)
+        out.top = _from_columns(state, "top", schema.STEP_COLUMNS)
         if out.rows < 0 or out.kept > out.rows:
             raise ValueError(f"a digest of {out.rows} steps, {out.kept} of them kept")
         return out
@@ -275,16 +289,17 @@ class GapDigest:
         return np.concatenate(self.raw) if self.raw else np.empty((0, len(schema.GAP_COLUMNS)))
 
     def state(self) -> dict[str, np.ndarray]:
-        return {"rows": np.array([self.rows], dtype=np.float64), "groups": self.groups,
-                "histogram": self.histogram, "longest": self.longest}
+        return {"rows": np.float64(self.rows), "groups": self.groups, "histogram": self.histogram,
+                **_by_column("longest", self.longest, schema.GAP_COLUMNS)}
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> GapDigest:
         out = cls()
         out.raw = None
-        out.rows = int(state["rows"][0])
-        out.groups, out.histogram, out.longest = (_shaped(state[name], getattr(out, name).shape, name != "histogram")
-                                                  for name in ("groups", "histogram", "longest"))
+        out.rows = int(_scalar(state, "rows"))
+        out.groups = _shaped(state["groups"], out.groups.shape, True)
+        out.histogram = _shaped(state["histogram"], out.histogram.shape)
+        out.longest = _from_columns(state, "longest", schema.GAP_COLUMNS)
         return out
 
 
@@ -309,7 +324,7 @@ class DeviceDigest:
         self.raw: dict[str, list[np.ndarray]] | None = {"util": [], "stats": []}
         self.rows = 0
         self.util = np.zeros(103)  # count, sum, then per whole percent (value in (k-1, k]: bin k; 0 and below: 0)
-        self.stats = np.full((len(STAT_MAX) + 2 * len(STAT_MEAN)), np.nan)
+        self.stats = np.array([_STAT_DEFAULTS[field.rpartition(".")[2]] for field in STAT_FIELDS])  # named there
 
     def add(self, kind: str, rows: np.ndarray) -> None:
         if not len(rows):
@@ -344,16 +359,56 @@ class DeviceDigest:
         self.util += other.util
         self._stats(other.stats)
 
+    def maximum(self, column: str) -> float:
+        """The largest value of a `STAT_MAX` column (NaN: none recorded)."""
+        return float(self.stats[STAT_FIELDS.index(f"{column}.max")])
+
+    def mean(self, column: str) -> float:
+        """The mean of a `STAT_MEAN` column's recorded values (NaN: none recorded)."""
+        at = STAT_FIELDS.index(f"{column}.sum")
+        total, count = self.stats[at], self.stats[at + 1]
+        return float(total / count) if count > 0 else math.nan
+
     def state(self) -> dict[str, np.ndarray]:
-        return {"rows": np.array([self.rows], dtype=np.float64), "util": self.util, "stats": self.stats}
+        return {"rows": np.float64(self.rows), "util": self.util,
+                **{f"stats.{field}": np.float64(value) for field, value in zip(STAT_FIELDS, self.stats, strict=True)}}
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> DeviceDigest:
+        """Stats fields by name: one the record lacks (recorded before its column was) reads as none recorded."""
         out = cls()
         out.raw = None
-        out.rows = int(state["rows"][0])
-        out.util, out.stats = _shaped(state["util"], out.util.shape), _shaped(state["stats"], out.stats.shape)
+        out.rows = int(_scalar(state, "rows"))
+        out.util = _shaped(state["util"], out.util.shape)
+        for at, field in enumerate(STAT_FIELDS):
+            if f"stats.{field}" in state:
+                out.stats[at] = _scalar(state, f"stats.{field}")
         return out
+
+
+def _scalar(state: dict[str, np.ndarray], name: str) -> float:
+    """A one-number field (layout 1 stored some as shape (1,))."""
+    return float(_shaped(state[name], (1,)).reshape(-1)[0]) if np.ndim(state[name]) else float(state[name])
+
+
+def _by_column(field: str, rows: np.ndarray, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Rows kept whole, stored a column at a time by name (`top.begin`, ...)."""
+    return {f"{field}.{name}": rows[:, i] for i, name in enumerate(columns)}
+
+
+def _from_columns(state: dict[str, np.ndarray], field: str, columns: tuple[str, ...]) -> np.ndarray:
+    """Rows stored by `_by_column`, in today's `columns`: a column the record lacks is NaN, one it has and this
+    rnnmon does not know is left out."""
+    stored = {name: np.asarray(state[f"{field}.{name}"], dtype=np.float64) for name in columns
+              if f"{field}.{name}" in state}
+    lengths = {len(value) if value.ndim == 1 else -1 for value in stored.values()}
+    if len(lengths) > 1 or -1 in lengths:
+        raise ValueError(f"the columns of {field} differ in shape")
+    out = np.full((lengths.pop() if lengths else 0, len(columns)), np.nan)
+    for i, name in enumerate(columns):
+        if name in stored:
+            out[:, i] = stored[name]
+    return out
 
 
 def _shaped(value: Any, shape: tuple[int, ...], rows_vary: bool = False) -> np.ndarray:
@@ -362,6 +417,22 @@ def _shaped(value: Any, shape: tuple[int, ...], rows_vary: bool = False) -> np.n
     if array.shape != shape and not (rows_vary and array.ndim == 2 and array.shape[1:] == shape[1:]):
         raise ValueError(f"a digest field has shape {array.shape}, expected {shape}")
     return array
+
+
+def _named(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A record's arrays with layout 1's positional fields split into named ones (layout 2's as they are)."""
+    out = {}
+    for name, value in arrays.items():
+        group, _, field = name.partition(".")
+        if field not in _LAYOUT_1:
+            out[name] = value
+            continue
+        prefix, names = _LAYOUT_1[field]
+        parts = value.T if value.ndim == 2 else value
+        if value.ndim not in (1, 2) or len(parts) != len(names):
+            raise ValueError(f"a layout 1 field {name} of shape {value.shape}")
+        out |= {f"{group}.{prefix}{part_name}": part for part_name, part in zip(names, parts, strict=True)}
+    return out
 
 
 class RunDigest:
@@ -396,6 +467,11 @@ class RunDigest:
                 kind = "util" if tag.startswith(schema.UTIL_TAG_PREFIX) else "stats"
                 self.devices.setdefault(device, DeviceDigest()).add(kind, rows)
 
+    def drop_rows(self) -> None:
+        """Keep the aggregates only (a digest merged after records, which hold none, gives aggregates anyway)."""
+        for table in (self.steps, self.gaps, *self.devices.values()):
+            table.raw = None
+
     def merge(self, other: RunDigest) -> None:
         self.steps.merge(other.steps)
         self.gaps.merge(other.gaps)
@@ -404,7 +480,8 @@ class RunDigest:
 
     def dumps(self) -> bytes:
         """The aggregates (never the rows): a JSON header line naming each array and its shape, then all of them
-        as float64 little-endian, zlib-compressed together."""
+        as float64 little-endian, zlib-compressed together. Every field under its own name (layout 2: a column
+        is a field, so `loads` reads records written before or after a column was added)."""
         arrays = {f"steps.{k}": v for k, v in self.steps.state().items()}
         arrays |= {f"gaps.{k}": v for k, v in self.gaps.state().items()}
         for device, digest in self.devices.items():
@@ -437,7 +514,7 @@ class RunDigest:
         except (ValueError, TypeError, OverflowError, RecursionError, zlib.error) as error:
             raise ValueError(f"not a digest: {error}") from None
         groups: dict[str, dict[str, np.ndarray]] = {}
-        for name, value in arrays.items():
+        for name, value in _named(arrays).items():
             group, _, field = name.partition(".")
             groups.setdefault(group, {})[field] = value
         out = cls()

@@ -7,7 +7,7 @@ events from the previous record's `through` to this one's (`DigestWriter`, fed b
 thread, one record per `RECORD_STEPS` steps). A torn last record is dropped; a damaged one is a `DigestMismatch`.
 
 Example:
-    >>> digest, through = read_records(index_folder(event_path), os.path.getsize(event_path))
+    >>> digest, through, at = read_records(index_folder(event_path), os.path.getsize(event_path))
 """
 
 from __future__ import annotations
@@ -46,15 +46,27 @@ class DigestWriter:
         self._size = 0
         self._sealed: list[bytes] = []  # records not written yet
 
-    def add(self, tag: str, rows: np.ndarray, offset: int, length: int) -> None:
-        """A chunk of `tag` in the event at `offset` (framed `length` bytes), after those added before; a record is
-        sealed at the first event after `RECORD_STEPS` steps (a record covers whole events)."""
-        if not digested(tag):
-            return
-        if offset >= self._through:
-            self._seal()
-        self._digest.add(tag, rows)
-        self._through = max(self._through, offset + length)
+    def add_events(self, chunks: list[tuple[str, np.ndarray, int, int]]) -> None:
+        """Chunks (tag, rows, offset of their event, its framed length) in file order, after those added before; a
+        record is sealed at the first event after `RECORD_STEPS` steps (a record covers whole events). Each table's
+        rows between two seals are digested at once."""
+        pending: dict[str, list[np.ndarray]] = {}
+        steps = self._digest.steps.rows
+        for tag, rows, offset, length in chunks:
+            if not digested(tag):
+                continue
+            if offset >= self._through and steps >= RECORD_STEPS:
+                self._add(pending)
+                self._seal()
+                pending, steps = {}, 0
+            pending.setdefault(tag, []).append(rows)
+            steps += len(rows) if tag == schema.STEPS_TAG else 0
+            self._through = max(self._through, offset + length)
+        self._add(pending)
+
+    def _add(self, pending: dict[str, list[np.ndarray]]) -> None:
+        for tag, parts in pending.items():
+            self._digest.add(tag, parts[0] if len(parts) == 1 else np.concatenate(parts))
 
     def _seal(self) -> None:
         if self._digest.steps.rows < RECORD_STEPS:
@@ -85,21 +97,27 @@ class DigestWriter:
         self._size += len(data)
 
 
-def read_records(folder: str, event_size: int) -> tuple[RunDigest | None, int]:
-    """The merged digest records in the index `folder` of an event file of `event_size` bytes, and the bytes they
-    cover; (None, 0) where it has none; DigestMismatch where it cannot be read (not a regular file: it is opened as
-    event files are), or a record is damaged, longer than `MAX_RECORD_BYTES` or disagrees with the event file.
-    Read a record at a time: what is held is the merged digest and one record."""
+def read_records(folder: str, event_size: int, at: int = 0, through: int = 0) -> tuple[RunDigest | None, int, int]:
+    """The digest records in the index `folder` of an event file of `event_size` bytes from byte `at` of the digest
+    file (0: all; a kept reader passes where the last call stopped, and the `through` it reached), merged; the
+    bytes of events they reach; and where reading stopped (before a torn last record). (None, `through`, `at`)
+    where there are none; DigestMismatch where the file cannot be read (not a regular file: it is opened as event
+    files are), was cut below `at`, or a record is damaged, longer than `MAX_RECORD_BYTES`, goes back, or disagrees
+    with the event file. Read a record at a time: what is held is the merged digest and one record."""
     path = os.path.join(folder, DIGEST_FILE)
     try:
         fd = open_regular(path)
     except FileNotFoundError:
-        return None, 0
+        if at:
+            raise DigestMismatch("its digest was removed after it was read") from None
+        return None, through, at
     except OSError as error:
         raise DigestMismatch(f"cannot read its digest: {error.strerror or error}") from None
+    merged = None
     try:
         size = os.fstat(fd).st_size
-        merged, through, at = None, 0, 0
+        if size < at:
+            raise DigestMismatch(f"its digest was cut below byte {at}, read before")
         while at + _HEADER.size <= size:
             header = os.pread(fd, _HEADER.size, at)
             if len(header) < _HEADER.size:
@@ -127,4 +145,4 @@ def read_records(folder: str, event_size: int) -> tuple[RunDigest | None, int]:
         os.close(fd)
     if merged is not None and through > event_size:
         raise DigestMismatch(f"its digest covers {through} bytes of events, the event file holds fewer")
-    return merged, through
+    return merged, through, at

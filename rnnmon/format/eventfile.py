@@ -48,6 +48,7 @@ except ImportError:  # pragma: no cover - the pure-Python fallback, ~10 MB/s
 MAX_RECORD_BYTES = 32 << 20  # no rnnmon record comes near this; a longer length is damage, not data
 READ_CHUNK_BYTES = 1 << 20  # read at a time (more only for a longer record)
 SCAN_BATCH_BYTES = 64 << 20  # records one `RecordCursor.scan` returns at most (by default), then `more`
+TAIL_GRACE_S = 10.0  # a file that ends inside a record for longer than this is truncated, not being written
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8

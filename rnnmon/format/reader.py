@@ -23,7 +23,7 @@ skipped and named in `notes`, as is a format version newer than this reader's. M
 makes that tag's packed chunks errors, never a guess at a layout.
 
 Example:
-    >>> runs = read_logdir("runs")                      # what `rnnmon report` reads: {run name: RunData}
+    >>> runs = read_logdir("runs")                      # rnnmon.format.logdir: what `rnnmon report` reads
     >>> runs["exp1/rnnmon"].steps[:, 0]                 # global step numbers
     >>> reader = RunReader("exp1/rnnmon")               # held per run by the tab, across reloads
     >>> data = reader.update_from_provider(provider, ctx, experiment_id)   # or .update_from_files(run_dir)
@@ -36,28 +36,37 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import errno
-import functools
-import json
-import math
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from tensorboard.compat.proto import types_pb2
 
 from rnnmon.format import packing, schema
-from rnnmon.format.eventfile import EVENT_FILE_MARK, SCAN_BATCH_BYTES, RecordCursor, truncated_at
+from rnnmon.format.decode import (
+    BAD_DEVICE,
+    DOCUMENT,
+    DOCUMENT_CHECKS,
+    IGNORED,
+    INVALID,
+    InvalidRecord,
+    Stored,
+    by_name,
+    check_description,
+    check_rows,
+    is_number,
+    json_document,
+    raw_from_array,
+    raw_from_proto,
+    stored_as,
+    table_width,
+)
+from rnnmon.format.eventfile import EVENT_FILE_MARK, SCAN_BATCH_BYTES, TAIL_GRACE_S, RecordCursor, truncated_at
 
 ALL_SAMPLES = 10**9  # `downsample` that keeps everything the provider holds
-MAX_DOCUMENT_BYTES = 1 << 20  # a run description, findings or alerts chunk: a few KiB in practice
 MAX_NOTES = 10  # notes listed per run; the rest are counted
 FEW_TAGS_BATCH_BYTES = 4 << 20  # a reader of a few tags (the tab's /runs) walks files in batches this small
-TAIL_GRACE_S = 10.0  # a file that ends inside a record for longer than this is truncated, not being written
-_SEVERITIES = ("info", "warning", "critical")
-_DT_STRING, _DT_DOUBLE = types_pb2.DT_STRING, types_pb2.DT_DOUBLE
 _UNSEEN: dict[str, Any] = {}
 
 
@@ -89,12 +98,6 @@ class RunData:
     notes: list[str] = dataclasses.field(default_factory=list)  # read, but worth knowing: files that overlap
     digest: Any = None  # a `rnnmon.format.digest.RunDigest` read from the run's index: steps, gaps, util, stats empty
 
-
-class InvalidRecord(ValueError):
-    """A value that does not fit rnnmon's format; the message says what and where."""
-
-
-_INVALID = (InvalidRecord, ValueError, TypeError, UnicodeDecodeError)  # what a bad value raises while checked
 
 
 class _Table:
@@ -325,8 +328,8 @@ class RunReader:
             try:
                 if not value.HasField("tensor"):
                     raise InvalidRecord("not a tensor")
-                raw = _raw_from_proto(value.tensor)
-            except _INVALID as error:
+                raw = raw_from_proto(value.tensor)
+            except INVALID as error:
                 self._error(f"{tag} at step {step}: {error}")
                 continue
             self._stage(tag, step, raw)
@@ -339,7 +342,7 @@ class RunReader:
             return
         self._stored[tag] = stored_as(tag, content)
         version = content.get("version")
-        if _is_number(version) and version > schema.FORMAT_VERSION:
+        if is_number(version) and version > schema.FORMAT_VERSION:
             self._notes[f"written by a newer rnnmon (format version {version}; this reader knows 1 to "
                         f"{schema.FORMAT_VERSION}): tables are read by column name, and what cannot be read is "
                         "named in errors"] = None
@@ -349,8 +352,8 @@ class RunReader:
         """Stage the provider's array of one value of `tag` for `_commit`."""
         self.chunks_decoded += 1
         try:
-            raw = _raw_from_array(value)
-        except _INVALID as error:
+            raw = raw_from_array(value)
+        except INVALID as error:
             self._error(f"{tag} at step {step}: {error}")
             return
         self._stage(tag, step, raw)
@@ -358,13 +361,13 @@ class RunReader:
     def _stage(self, tag: str, step: int, value: bytes | np.ndarray) -> None:
         """Keep one value (a packed chunk, a v1 table or a document) of `tag` for `_commit`, if it is one."""
         try:
-            width = _table_width(tag)
-            if width == _DOCUMENT:
-                self._add_document(tag, step, _document(value))
+            width = table_width(tag)
+            if width == DOCUMENT:
+                self._add_document(tag, step, json_document(value))
                 return
-            if width == _IGNORED:
+            if width == IGNORED:
                 return  # a tag from a newer rnnmon: ignore it
-            if width == _BAD_DEVICE:
+            if width == BAD_DEVICE:
                 raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
             stored = self._stored.get(tag) or stored_as(tag, {})
             if isinstance(value, bytes):
@@ -374,7 +377,7 @@ class RunReader:
                     raise InvalidRecord(stored.problem)
             elif value.shape[1] != len(stored.columns):
                 raise InvalidRecord(f"expected rows of {len(stored.columns)} columns, found shape {value.shape}")
-        except _INVALID as error:
+        except INVALID as error:
             self._error(f"{tag} at step {step}: {error}")
             return
         self._staged.setdefault(tag, []).append((step, value, stored))
@@ -390,12 +393,12 @@ class RunReader:
             steps = [step for part in decoded for step in part[1]]
             counts = [count for part in decoded for count in part[2]]
             try:
-                _check_rows(tag, rows)
+                check_rows(tag, rows)
             except InvalidRecord:  # rare: find the culprits chunk by chunk
                 keep = np.ones(len(rows), dtype=bool)
                 for i, (step, start) in enumerate(zip(steps, np.cumsum([0, *counts[:-1]]))):
                     try:
-                        _check_rows(tag, rows[start:start + counts[i]])
+                        check_rows(tag, rows[start:start + counts[i]])
                     except InvalidRecord as error:
                         self._error(f"{tag} at step {step}: {error}")
                         keep[start:start + counts[i]] = False
@@ -447,13 +450,13 @@ class RunReader:
         if tag == schema.RUN_TAG:
             if not isinstance(doc, dict):
                 raise InvalidRecord(f"the run description is a {type(doc).__name__}, not a JSON object")
-            _check_description(doc)
+            check_description(doc)
             self._fits.add((str(doc.get("pid")), str(doc.get("start"))))
         else:
             if not isinstance(doc, list):
                 raise InvalidRecord(f"a {type(doc).__name__} where a JSON list belongs")
             for item in doc:
-                _DOCUMENT_CHECKS[tag](item)
+                DOCUMENT_CHECKS[tag](item)
         bisect.insort(self._documents.setdefault(tag, []), (step, doc), key=lambda pair: pair[0])
 
     def _error(self, message: str) -> None:
@@ -511,112 +514,8 @@ class RunReader:
         return out
 
 
-def by_name(tag: str, rows: np.ndarray, stored: tuple[str, ...]) -> tuple[np.ndarray, list[str]]:
-    """`rows`, whose columns are named `stored`, in this reader's columns of `tag` (a column it lacks is NaN), and
-    the stored columns it does not know (skipped)."""
-    columns = schema.columns_for(tag) or ()
-    if stored == columns:
-        return rows, []
-    out = np.full((len(rows), len(columns)), np.nan)
-    for i, name in enumerate(columns):
-        if name in stored:
-            out[:, i] = rows[:, stored.index(name)]
-    return out, [name for name in stored if name not in columns]
-
-
-@dataclasses.dataclass(frozen=True)
-class Stored:
-    """How a tag's values were written, from its metadata: the columns of a float64 table, and the layout of a
-    packed chunk (None, and `problem` saying why, when the metadata describes one this reader cannot decode)."""
-
-    columns: tuple[str, ...]
-    layout: packing.Layout | None
-    problem: str = ""
-
-
-def stored_as(tag: str, content: dict[str, Any]) -> Stored:
-    """How `tag`'s values were written, from its metadata content; this reader's own columns where the content names
-    none."""
-    names = content.get("columns")
-    columns = schema.columns_for(tag) or ()
-    if isinstance(names, list) and 0 < len(names) <= packing.MAX_COLUMNS and all(isinstance(n, str) for n in names):
-        columns = tuple(names)
-    try:
-        return Stored(columns, packing.stored_layout(tag, content))
-    except packing.FormatError as error:
-        return Stored(columns, None, f"cannot decode packed chunks as the metadata describes them: {error}")
-
-
 _TABLE_FIELDS = {schema.STEPS_TAG: "steps", schema.PHASES_TAG: "phases", schema.HOST_TAG: "host",
                  schema.GAPS_TAG: "gaps"}
-_DOCUMENT, _IGNORED, _BAD_DEVICE = -1, -2, -3
-
-
-@functools.lru_cache(maxsize=1024)
-def _table_width(tag: str) -> int:
-    """The column count of `tag`'s table, or what else the tag is: a document, unknown, a malformed device tag."""
-    if tag == schema.RUN_TAG or tag in _DOCUMENT_CHECKS:
-        return _DOCUMENT
-    columns = schema.columns_for(tag)
-    if columns is None:
-        return _IGNORED
-    if tag.startswith((schema.UTIL_TAG_PREFIX, schema.STATS_TAG_PREFIX)) and schema.device_of(tag) is None:
-        return _BAD_DEVICE
-    return len(columns)
-
-
-def read_logdir(logdir: str, runs: list[str] | None = None, digest: bool = False) -> dict[str, RunData]:
-    """Every rnnmon run under `logdir` (or the named ones), read from its event files; no TensorFlow.
-
-    With `digest`, a run whose event files all have a reading index is read for its summary only: its documents
-    and phases, its large tables as a digest (`rnnmon.format.digest_read`). A folder that cannot be listed (no
-    permission) is a run of its own name with that error, since runs inside it cannot be seen."""
-    result = {}
-    found, unlisted = _run_dirs(logdir)
-    for run, run_dir in found:
-        if runs is not None and run not in runs:
-            continue
-        if digest:
-            from rnnmon.format.digest_read import read_run  # it reads through this module
-
-            summarized = read_run(run_dir, run)
-            if summarized is not None:
-                if (summarized.info or summarized.errors or summarized.notes or len(summarized.steps)
-                        or (summarized.digest is not None and summarized.digest.steps.rows)):
-                    result[run] = summarized
-                continue
-        reader = RunReader(run)
-        data = reader.update_from_files(run_dir)
-        if reader._tables or reader._documents or (data.errors and os.path.basename(run_dir) == schema.RUN_SUBDIR):
-            result[run] = data
-    for run, error in unlisted:
-        if runs is None or run in runs:
-            result[run] = RunData(run, errors=[f"cannot list the folder {run}: {error}; runs inside it, if any, "
-                                               "are not shown"])
-    return result
-
-
-def _run_dirs(logdir: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(run name, directory) for every directory under `logdir` holding event files, named as TensorBoard does;
-    and (name, error) for every directory that could not be listed."""
-    found, visited, unlisted = [], set(), []
-
-    def unlistable(error: OSError) -> None:
-        if error.errno not in (errno.ENOENT, errno.ENOTDIR):  # not one removed while walking
-            relative = os.path.relpath(error.filename or logdir, logdir).replace(os.sep, "/")
-            unlisted.append((relative, error.strerror or str(error)))
-
-    # linked runs count, as in TensorBoard
-    for directory, subdirs, files in os.walk(logdir, onerror=unlistable, followlinks=True):
-        real = os.path.realpath(directory)
-        if real in visited:  # a link loop
-            subdirs.clear()
-            continue
-        visited.add(real)
-        if any(EVENT_FILE_MARK in name for name in files):
-            relative = os.path.relpath(directory, logdir)
-            found.append((relative.replace(os.sep, "/"), directory))
-    return sorted(found), sorted(unlisted)
 
 
 def read_runs(provider: Any, ctx: Any, experiment_id: str = "", runs: list[str] | None = None) -> dict[str, RunData]:
@@ -639,214 +538,3 @@ def open_logdir(logdir: str) -> tuple[Any, Any]:
     multiplexer.AddRunsFromDirectory(logdir)
     multiplexer.Reload()
     return data_provider.MultiplexerDataProvider(multiplexer, logdir), context.RequestContext()
-
-
-# --- values --------------------------------------------------------------------------------------------------
-def _raw_from_proto(tensor: Any) -> bytes | np.ndarray:
-    """A packed chunk or document (bytes) or a v1 float64 table, from a TensorProto, checked before it is built."""
-    dtype, dim = tensor.dtype, tensor.tensor_shape.dim
-    if dtype == _DT_STRING:
-        strings = tensor.string_val
-        if len(strings) != 1 or (dim and any(d.size != 1 for d in dim)):
-            raise InvalidRecord(f"a string tensor of shape {[d.size for d in dim]} where one string belongs")
-        return strings[0]
-    if dtype != _DT_DOUBLE:
-        raise InvalidRecord(f"dtype {dtype} where float64 ({_DT_DOUBLE}) or string belongs")
-    dims = [d.size for d in dim]
-    if len(dims) != 2 or not 0 <= dims[0] <= packing.MAX_ROWS or not 0 < dims[1] <= 64:
-        raise InvalidRecord(f"shape {dims}: a table is [rows <= {packing.MAX_ROWS}, columns]")
-    count = dims[0] * dims[1]
-    if tensor.tensor_content:
-        if len(tensor.tensor_content) != 8 * count:
-            raise InvalidRecord(f"shape {dims} needs {8 * count} bytes, the record holds {len(tensor.tensor_content)}")
-        return np.frombuffer(tensor.tensor_content, dtype="<f8").reshape(dims)
-    if len(tensor.double_val) != count:
-        raise InvalidRecord(f"shape {dims} needs {count} values, the record holds {len(tensor.double_val)}")
-    return np.asarray(tensor.double_val, dtype=np.float64).reshape(dims)
-
-
-def _raw_from_array(value: Any) -> bytes | np.ndarray:
-    """The same, from the array TensorBoard's data provider made of the value."""
-    array = np.asarray(value)
-    if array.dtype == object or array.dtype.kind in "SU":
-        if array.size != 1:
-            raise InvalidRecord(f"a string tensor of shape {list(array.shape)} where one string belongs")
-        item = array.reshape(-1)[0]
-        return item if isinstance(item, bytes) else str(item).encode()
-    if array.ndim != 2 or array.shape[0] > packing.MAX_ROWS or not 0 < array.shape[1] <= 64:
-        raise InvalidRecord(f"shape {list(array.shape)}: a table is [rows <= {packing.MAX_ROWS}, columns]")
-    if array.dtype.kind != "f":
-        raise InvalidRecord(f"dtype {array.dtype} where float64 or string belongs")
-    return array
-
-
-def _check_rows(tag: str, rows: np.ndarray) -> None:
-    """Values the format rules out: non-finite times and counters, out-of-range kinds, causes and devices."""
-    def whole(column: np.ndarray, lo: float, hi: float) -> bool:
-        return bool(np.isfinite(column).all() and (column == np.rint(column)).all()
-                    and (column >= lo).all() and (column <= hi).all())
-
-    if tag == schema.STEPS_TAG:
-        s = {name: rows[:, i] for i, name in enumerate(schema.STEP_COLUMNS)}
-        if not (np.isfinite(rows[:, :4]).all() and whole(s["batches"], 1, 2**31) and whole(s["step"], 0, 2**53)
-                and whole(s["epoch"], 0, 2**31)):
-            raise InvalidRecord("a step row with a non-finite or fractional step, epoch, time or batch count")
-    elif tag == schema.PHASES_TAG:
-        if not (whole(rows[:, 0], 0, len(schema.PHASE_KINDS) - 1) and np.isfinite(rows[:, 1:]).all()):
-            raise InvalidRecord(f"a phase with a kind outside 0..{len(schema.PHASE_KINDS) - 1} or a non-finite time")
-    elif tag == schema.GAPS_TAG:
-        if not (whole(rows[:, 0], schema.STEP_DEVICE, 2**16) and whole(rows[:, 3], 0, len(schema.GAP_CAUSES) - 1)
-                and np.isfinite(rows[:, 1:3]).all() and (rows[:, 2] >= rows[:, 1]).all()):
-            raise InvalidRecord(f"a gap with a device below {schema.STEP_DEVICE}, a cause outside "
-                                f"0..{len(schema.GAP_CAUSES) - 1}, or a bad interval")
-    elif not np.isfinite(rows[:, 0]).all():
-        raise InvalidRecord("a row with a non-finite time")
-
-
-def _document(value: bytes | np.ndarray) -> Any:
-    if not isinstance(value, bytes):
-        raise InvalidRecord("a table where a JSON document belongs")
-    if len(value) > MAX_DOCUMENT_BYTES:
-        raise InvalidRecord(f"a JSON document of {len(value)} bytes, over the {MAX_DOCUMENT_BYTES}-byte limit")
-    try:
-        return json.loads(value.decode("utf-8"))
-    except RecursionError:
-        raise InvalidRecord("a JSON document nested too deeply") from None
-    except ValueError as error:
-        raise InvalidRecord(f"not JSON: {error}") from None
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_DESCRIPTION_TYPES: dict[str, tuple[type, ...]] = {
-    "status": (str,), "backend": (str,), "keras": (str,), "host": (str,), "input_wait": (str,), "input_kind": (str,),
-    "nvml": (str,), "gpus": (list,), "worker": (str,), "thresholds": (dict,), "callback_hooks_s": (dict,),
-    "trial": (dict,), "input_cache": (str,)}
-
-
-def _check_description(doc: dict[str, Any]) -> None:
-    for key, types in _DESCRIPTION_TYPES.items():
-        if doc.get(key) is not None and not isinstance(doc[key], types):
-            raise InvalidRecord(f"run description field {key!r} is a {type(doc[key]).__name__}")
-    for key in ("start", "end", "idle_pct", "steps", "steps_per_execution", "fetch_floor_ms", "callback_steps",
-                "callback_batches", "distributed_split_ms", "partial_batch_ms"):
-        if doc.get(key) is not None and not _is_number(doc[key]):
-            raise InvalidRecord(f"run description field {key!r} is not a finite number: {doc[key]!r:.40}")
-
-
-def _check_finding(item: Any) -> None:
-    fields = ("code", "severity", "where", "message", "advice")
-    if not isinstance(item, dict) or set(item) != set(fields) or not all(isinstance(item[f], str) for f in fields):
-        raise InvalidRecord(f"a finding that is not {{{', '.join(fields)}}} strings: {str(item)!r:.60}")
-    if item["severity"] not in _SEVERITIES:
-        raise InvalidRecord(f"a finding with severity {item['severity']!r:.30}, not one of {', '.join(_SEVERITIES)}")
-
-
-def _check_alert(item: Any) -> None:
-    if not isinstance(item, dict):
-        raise InvalidRecord(f"an alert that is a {type(item).__name__}, not a JSON object")
-    for key in ("rule", "state", "message"):
-        if item.get(key) is not None and not isinstance(item[key], str):
-            raise InvalidRecord(f"alert field {key!r} is not a string")
-    for key in ("start", "end", "value", "threshold"):
-        number = item.get(key)
-        if number is not None and not (_is_number(number) or (key in ("value", "threshold") and number != number)):
-            raise InvalidRecord(f"alert field {key!r} is not a number")
-    device = item.get("device")
-    if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
-        raise InvalidRecord("alert field 'device' is not an integer")
-
-
-def _check_shape(item: Any) -> None:
-    """{"step", "time", "shapes"}: a step number, Unix seconds, and a list of shapes (lists of sizes or None)."""
-    if not isinstance(item, dict) or not _is_number(item.get("step")) or not _is_number(item.get("time")):
-        raise InvalidRecord(f"an input shape record without a step and a time: {str(item)!r:.60}")
-    shapes = item.get("shapes")
-    if not isinstance(shapes, list) or not all(
-            shape is None or (isinstance(shape, list) and all(size is None or _is_number(size) for size in shape))
-            for shape in shapes):
-        raise InvalidRecord(f"input shapes that are not lists of sizes: {str(shapes)!r:.60}")
-
-
-def _check_compile(item: Any) -> None:
-    """{"step", "time", "duration_s", "count", "seconds", "source", "shapes"} (rnnmon.capture.compiles)."""
-    if not isinstance(item, dict) or not all(_is_number(item.get(key)) for key in ("step", "time", "duration_s",
-                                                                                   "count")):
-        raise InvalidRecord(f"a compile record without a step, time, duration and count: {str(item)!r:.60}")
-    if not (item.get("seconds") is None or _is_number(item["seconds"])) or not isinstance(item.get("source"), str):
-        raise InvalidRecord(f"a compile record whose seconds or source are off: {str(item)!r:.60}")
-    if item.get("shapes") is not None:
-        _check_shape({"step": 0, "time": 0, "shapes": item["shapes"]})
-
-
-def _check_shape_steps(item: Any) -> None:
-    """{"shapes", "steps", "plain_steps", "plain_s"}: one input shape's steps in a chunk and what they cost."""
-    if not isinstance(item, dict) or not all(_is_number(item.get(key)) for key in ("steps", "plain_steps",
-                                                                                   "plain_s")):
-        raise InvalidRecord(f"a shape's steps without their counts and cost: {str(item)!r:.60}")
-    _check_shape({"step": 0, "time": 0, "shapes": item.get("shapes")})
-
-
-_DOCUMENT_CHECKS = {schema.FINDINGS_TAG: _check_finding, schema.ALERTS_TAG: _check_alert,
-                    schema.SHAPES_TAG: _check_shape, schema.COMPILES_TAG: _check_compile,
-                    schema.SHAPE_STEPS_TAG: _check_shape_steps}
-
-
-
-def raw_value(tag: str, tensor: Any, stored: Stored | None = None) -> np.ndarray:
-    """One table chunk of `tag` from its TensorProto, as float64 rows in this reader's columns, checked as
-    `RunReader` checks it (shape and size first, then the rows); InvalidRecord or packing.FormatError when it fails.
-    `stored`: how the chunk's file describes the tag (`stored_as`), default as this reader writes it."""
-    rows, _, _, failed = decode_chunks(tag, [_raw_from_proto(tensor)], stored)
-    if failed:
-        raise InvalidRecord(failed[0][1])
-    return rows
-
-
-def decode_chunks(tag: str, tensors: list[Any], stored: Stored | None = None
-                  ) -> tuple[np.ndarray, list[int], list[int], list[tuple[int, str]]]:
-    """Table chunks of `tag` (TensorProtos, or what `_raw_from_proto` made of them) decoded, mapped by column name
-    and checked together, as `RunReader` does: (their rows concatenated, row count and index of each chunk kept,
-    (index, error) of each refused). `stored`: how their file describes the tag (`stored_as`), default as this
-    reader writes it."""
-    stored = stored or stored_as(tag, {})
-    width = _table_width(tag)
-    raws, failed = [], []
-    for index, tensor in enumerate(tensors):
-        try:
-            raw = tensor if isinstance(tensor, (bytes, np.ndarray)) else _raw_from_proto(tensor)
-            if isinstance(raw, bytes) and stored.problem:
-                raise InvalidRecord(stored.problem)
-            if not isinstance(raw, bytes):
-                if raw.shape[1] != len(stored.columns):
-                    raise InvalidRecord(f"expected rows of {len(stored.columns)} columns, found shape {raw.shape}")
-                raw = by_name(tag, raw, stored.columns)[0]
-            raws.append((index, raw))
-        except _INVALID as error:
-            failed.append((index, str(error)))
-    tables, kept = [], []
-    packed = [(index, raw) for index, raw in raws if isinstance(raw, bytes)]
-    if packed:
-        rows, decoded, errors = packing.decode_many(tag, [raw for _, raw in packed], stored.layout)
-        rows = by_name(tag, rows, stored.layout.columns if stored.layout else stored.columns)[0]
-        failed += [(packed[i][0], str(error)) for i, error in errors]
-        starts = np.cumsum([0, *(count for _, count in decoded)])
-        tables += [(packed[i][0], rows[starts[n]:starts[n + 1]]) for n, (i, _) in enumerate(decoded)]
-    tables += [(index, np.asarray(raw, dtype=np.float64)) for index, raw in raws if not isinstance(raw, bytes)]
-    tables.sort(key=lambda pair: pair[0])
-    good = []
-    try:
-        _check_rows(tag, np.concatenate([t for _, t in tables]) if tables else np.empty((0, width)))
-        good = tables
-    except InvalidRecord:  # rare: find the culprits chunk by chunk
-        for index, table in tables:
-            try:
-                _check_rows(tag, table)
-                good.append((index, table))
-            except InvalidRecord as error:
-                failed.append((index, str(error)))
-    kept = [index for index, _ in good]
-    rows = np.concatenate([t for _, t in good]) if good else np.empty((0, width))
-    return rows, [len(t) for _, t in good], kept, sorted(failed)

@@ -8,6 +8,7 @@ Example:
     >>> lock = RunLock("runs/exp1/rnnmon")
     >>> lock.acquire()      # RuntimeError naming the holder when another writer has it
     >>> lock.release()
+    >>> writer_alive("runs/exp1/rnnmon")    # a reader asks before it builds a missing index
 """
 
 from __future__ import annotations
@@ -53,3 +54,18 @@ class RunLock:
             with contextlib.suppress(OSError):
                 os.close(self._fd)  # closing drops the flock
             self._fd = None
+
+
+def writer_alive(run_dir: str) -> bool:
+    """A monitor holds the lock of `run_dir` now (it writes the index of its own files). Never creates the lock."""
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK_FILE), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here

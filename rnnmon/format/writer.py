@@ -39,7 +39,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from rnnmon.format import packing, series
 from rnnmon.format.eventfile import EventFileAppender
-from rnnmon.format.index import IndexWriter
+from rnnmon.format.index_write import IndexWriter
 from rnnmon.format.schema import FINDINGS_TAG, RUN_TAG, tensor_metadata
 
 LOG = logging.getLogger("rnnmon")

@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 
 from rnnmon.format import schema
-from rnnmon.format.index import IndexMismatch, RunIndex, series_of
+from rnnmon.format.index import series_of
+from rnnmon.format.index_query import RunIndex
+from rnnmon.format.index_read import IndexMismatch
 
 from .downsample import IntervalCoverage, minmax_indices
 

@@ -48,7 +48,7 @@ class RnnmonLoader(base_plugin.TBLoader):
         parser.add_argument_group("rnnmon").add_argument(
             "--rnnmon_index_from_bytes", type=int, default=None,
             help="local runs with at least this many bytes of event files are drawn from their reading index "
-                 "(default 4 MiB, about 300k steps; 0: every run)")
+                 "(default 1 MiB, about 65k steps; 0: every run)")
 
     def fix_flags(self, flags: argparse.Namespace) -> None:
         samples = dict(getattr(flags, "samples_per_plugin", None) or {})

@@ -44,7 +44,7 @@ from rnnmon.analysis import verdict
 from rnnmon.analysis.stragglers import compare_workers, worker_of, worker_order
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import schema
-from rnnmon.format.digest_read import documents_reader, read_run
+from rnnmon.format.digest_read import DigestReader, documents_reader
 from rnnmon.format.eventfile import is_cut
 from rnnmon.format.reader import ALL_SAMPLES, RunData, RunReader
 
@@ -65,7 +65,7 @@ DEFAULT_POINTS, MAX_POINTS = 1000, 20000
 CACHE_RUNS = 10
 CACHE_JOBS = 4  # multi-worker jobs whose workers' summaries /workers keeps
 CACHE_BYTES = 64 * 2**20  # what the cached indexes and summaries may hold, all runs together, one run included
-INDEX_FROM_BYTES = 4 * 2**20  # runs with this much in event files (~300k steps) are drawn from their reading index
+INDEX_FROM_BYTES = 2**20  # runs with this much in event files (~65k steps) are drawn from their reading index
 DERIVED = ("timeline", "summary")  # what the routes build from a run's tables
 READ_AHEAD_RUNS = 3  # runs /runs reads ahead (local log directories): the tab's first, then the newest
 READ_AHEAD_BYTES = CACHE_BYTES // 2  # what their indexes may hold, estimated from their event files' size
@@ -112,9 +112,11 @@ class _Indexed:
 
 @dataclasses.dataclass
 class _Digested:
-    """A large local run's summary from its digest and the version of its files it was built from; `lock` is held
-    while it reads."""
+    """A large local run's summary from its digest, the version of its files it was built from, and the reader that
+    takes in only what was written since (a live run's next summary costs its new chunks); `lock` is held while it
+    reads."""
 
+    reader: DigestReader
     version: Any = None
     summary: dict[str, Any] | None = None
     errors: list[str] = dataclasses.field(default_factory=list)
@@ -388,13 +390,13 @@ class RnnmonPlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(f"No rnnmon data for run {run!r}")
         key, version = (experiment, run), LocalRuns.version(run_dir)
         with self._lock:
-            entry = self._digested.pop(key, None) or _Digested()
+            entry = self._digested.pop(key, None) or _Digested(DigestReader(run_dir, run))
             self._digested[key] = entry  # the most recently asked last
             while len(self._digested) > CACHE_RUNS:
                 self._digested.popitem(last=False)
         with entry.lock:
             if entry.version != version:
-                data = read_run(run_dir, run)
+                data = entry.reader.read()
                 if data is None:
                     return None
                 data = _cuts_noted(data)

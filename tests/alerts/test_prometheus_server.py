@@ -321,7 +321,7 @@ def test_the_straggler_rule_reads_the_reports_share_on_a_real_2_process_jax_job(
     scraped through file_sd: the fast profile's rule names worker-1 with the report's share, within 20%."""
     from rnnmon.analysis.stragglers import compare_workers
     from rnnmon.analysis.summary import summarize
-    from rnnmon.format.reader import read_logdir
+    from rnnmon.format.logdir import read_logdir
 
     sd_dir, logs = tmp_path / "sd", tmp_path / "logs"
     sd_dir.mkdir()

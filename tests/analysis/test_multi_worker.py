@@ -23,7 +23,7 @@ from jax_job import JOB
 
 from rnnmon.analysis.stragglers import compare_workers
 from rnnmon.findings import amdahl
-from rnnmon.format.reader import read_logdir
+from rnnmon.format.logdir import read_logdir
 from rnnmon.report import build_report, render_text
 
 WORKER = textwrap.dedent("""

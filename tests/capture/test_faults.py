@@ -21,7 +21,7 @@ from conftest import mounted_tmpfs, read_run, run_status, stalled_dataset, tiny_
 from fake_nvml import FakeGpu, FakeNvmlLib, installed
 
 from rnnmon import UtilizationMonitor
-from rnnmon.format.reader import read_logdir
+from rnnmon.format.logdir import read_logdir
 
 DEVICE_CALLS = ("nvmlDeviceGetSamples", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
                 "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo",

@@ -15,7 +15,7 @@ from conftest import read_run
 
 from rnnmon.analysis.fit_time import PARTS
 from rnnmon.analysis.summary import summarize
-from rnnmon.format.reader import read_logdir
+from rnnmon.format.logdir import read_logdir
 
 pytestmark = pytest.mark.slow  # a fit in a process of its own: 10-20 s each
 

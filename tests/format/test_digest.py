@@ -4,23 +4,26 @@ small run and within the documented error for a long one; a digest that disagree
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import struct
+import time
 import tracemalloc
 import zlib
 
 import numpy as np
 import pytest
 
-from rnnmon.analysis.digest_figures import step_figures
+from rnnmon.analysis.digest_figures import device_figures, step_figures
 from rnnmon.analysis.summary import summarize
 from rnnmon.format import digest, digest_file, index, schema
-from rnnmon.format.digest_read import read_run
-from rnnmon.format.reader import read_logdir
-from tests.synthetic_runs import write_gpu_run, write_writers
+from rnnmon.format.digest_read import DigestReader, read_run
+from rnnmon.format.logdir import read_logdir
+from tests.synthetic_runs import LiveRun, write_gpu_run, write_writers
 
 LONG_STEPS = 200_000  # three digest records and a tail
+LAYOUT_1 = os.path.join(os.path.dirname(__file__), "fixtures", "digest-layout-1.bin")  # of `_fixture_tables`
 
 
 def _summaries(logdir: str) -> tuple[dict, dict]:
@@ -48,6 +51,19 @@ def _records(run_dir: str) -> tuple[str, list[tuple[int, bytes]]]:
         out.append((through, data[at + 16: at + 16 + size]))
         at += 16 + size
     return path, out
+
+
+def _records_of(run_dir: str, at: int) -> tuple[str, list[tuple[int, bytes]]]:
+    """The digest file of the `at`-th event file's index, and its records."""
+    folder = sorted(glob.glob(os.path.join(run_dir, "rnnmon-index", "*")))[at]
+    with open(os.path.join(folder, digest_file.DIGEST_FILE), "rb") as file:
+        data = file.read()
+    out, position = [], 0
+    while position < len(data):
+        through, size, _ = struct.unpack_from("<QII", data, position)
+        out.append((through, data[position + 16: position + 16 + size]))
+        position += 16 + size
+    return os.path.join(folder, digest_file.DIGEST_FILE), out
 
 
 def _write_records(path: str, records: list[tuple[int, bytes]]) -> None:
@@ -153,9 +169,9 @@ def test_a_run_without_digest_records_or_index_still_summarizes(tmp_path, lost):
     run_dir = str(tmp_path / "run" / "rnnmon")
     write_gpu_run(run_dir, 40, profile_at=3.0)
     (folder,) = glob.glob(os.path.join(run_dir, "rnnmon-index", "*"))
-    if lost == "index":
+    if lost == "index":  # built on the first read, beside the run
         shutil.rmtree(os.path.join(run_dir, "rnnmon-index"))
-        assert read_run(run_dir, "run/rnnmon") is None  # read whole
+        assert read_run(run_dir, "run/rnnmon").digest.steps.rows == 200 and os.path.isdir(folder)
     elif lost == "docs":  # an index written before `dir.docs`: the documents are scanned for
         os.remove(os.path.join(folder, index.DOCUMENTS))
     else:
@@ -233,3 +249,97 @@ def test_a_sampled_wait_is_judged_on_the_timed_steps_alike_from_rows_and_from_a_
         assert figures["input_wait_ms"]["median"] == pytest.approx(7.5, rel=digest.RELATIVE_ERROR)
         assert figures["input_share"] == pytest.approx(0.060 * 399 / whole_s, abs=2e-3)  # not 25/399 of it
         assert figures["wait_s"] == pytest.approx(0.060 * 399) and figures["beyond_floor_s"] == pytest.approx(23.94)
+
+
+def _fixture_tables() -> tuple[np.ndarray, np.ndarray, dict, dict]:
+    """Two fits of 300 steps, 6 gaps, two GPUs' samples: the tables `LAYOUT_1` digests (written by the digest of
+    December 2026, which stored some fields by position)."""
+    s = np.arange(300)
+    begin = 100.0 + 0.05 * s
+    steps = np.column_stack([s + 1, s // 100, begin, begin + 0.03 + 0.001 * (s % 7), 2.0 + (s % 11),
+                             np.where(s % 150 == 0, np.nan, 1.5), np.ones(300)])
+    gaps = np.array([(0, 101.0 + i, 101.2 + 1.1 * i, i % 3) for i in range(6)], dtype=np.float64)
+    util, stats = {}, {}
+    for device in (0, 1):
+        t = 100.0 + 0.5 * np.arange(40)
+        util[device] = np.column_stack([t, (np.arange(40) * 7 + 13 * device) % 101])
+        table = np.full((40, 13), np.nan)
+        table[:, 0], table[:, 1], table[:, 2], table[:, 3], table[:, 9] = (
+            t, 1000.0 + 10 * np.arange(40) + device, 16000.0, 150.0 + np.arange(40) % 5, 40.0 + device)
+        stats[device] = table
+    return steps, gaps, util, stats
+
+
+def _figures(read: digest.RunDigest) -> dict:
+    return {"steps": step_figures(read.steps, 1.0, "cache", np.empty((0, 3)), []),
+            "gpus": [device_figures(read.devices[i], 5.0) for i in sorted(read.devices)],
+            "gaps": [read.gaps.rows, read.gaps.groups.tolist(), read.gaps.histogram.tolist(),
+                     read.gaps.longest.tolist()]}
+
+
+def _rewritten(payload: bytes, drop: tuple[str, ...] = (), add: dict | None = None) -> bytes:
+    """A record's payload without the arrays named in `drop` and with those in `add`: a record written before those
+    fields existed, or after new ones did."""
+    header, _, packed = payload.partition(b"\n")
+    body, at, arrays = np.frombuffer(zlib.decompress(packed), dtype="<f8"), 0, {}
+    for name, shape in json.loads(header):
+        size = int(np.prod(shape))
+        arrays[name], at = body[at:at + size].reshape(shape), at + size
+    assert set(drop) <= set(arrays), f"no fields {set(drop) - set(arrays)} to drop"
+    arrays = {name: value for name, value in arrays.items() if name not in drop} | (add or {})
+    return (json.dumps([[name, list(np.shape(value))] for name, value in arrays.items()]).encode() + b"\n"
+            + zlib.compress(b"".join(np.asarray(v, dtype="<f8").tobytes() for v in arrays.values())))
+
+
+def test_a_digest_written_by_the_december_2026_layout_reads_by_name_as_the_same_figures():
+    with open(LAYOUT_1, "rb") as file:
+        old = digest.RunDigest.loads(file.read())
+    today = digest.RunDigest.loads(digest.RunDigest.of(*_fixture_tables()).dumps())
+    assert _figures(old) == _figures(today)
+    assert _figures(old)["gpus"][1]["power_mean_w"] == 152.0 and old.steps.rows == 300
+
+
+def test_a_digest_written_before_a_column_was_added_reads_it_as_not_recorded_and_the_rest_alike():
+    """A stats column added to the digest (the NVML recipe) made every older record read as damaged ("a digest field
+    has shape (8,), expected (10,)"): fields are stored and read by name, a missing one reads as not recorded, an
+    unknown one (a newer writer's) is left out."""
+    payload = digest.RunDigest.of(*_fixture_tables()).dumps()
+    older = digest.RunDigest.loads(_rewritten(payload, drop=(
+        "gpu0.stats.power_w.sum", "gpu0.stats.power_w.count", "steps.top.input_wait_ms")))
+    newer = digest.RunDigest.loads(_rewritten(payload, add={
+        "gpu0.stats.encoder_util_pct.sum": np.float64(4.0), "gpu0.stats.encoder_util_pct.count": np.float64(2.0),
+        "steps.top.a_new_column": np.zeros(256)}))
+    today = _figures(digest.RunDigest.loads(payload))
+    assert _figures(newer) == today
+    figures = _figures(older)
+    assert figures["gpus"][0]["power_mean_w"] is None and today["gpus"][0]["power_mean_w"] == 152.0
+    assert np.isnan(older.steps.top[:, 4]).all() and older.steps.top.shape == (256, 7)
+    figures["gpus"][0]["power_mean_w"] = today["gpus"][0]["power_mean_w"]
+    assert figures["gpus"] == today["gpus"] and figures["gaps"] == today["gaps"]
+
+
+def test_a_kept_digest_reader_reads_a_growing_run_as_a_fresh_read_does(tmp_path):
+    """The tab keeps one reader per run and merges only what is new: across digest records landing, a second event
+    file and a digest found damaged, each read summarizes as a fresh read of the files as they are."""
+    run_dir = str(tmp_path / "live" / "rnnmon")
+    live, kept = LiveRun(run_dir), DigestReader(run_dir, "live/rnnmon")
+    for chunk in range(30):
+        live.chunk(5000)
+        if chunk in (0, 12, 13, 14, 26, 29):  # records at the first event after 65,536 and 131,072 steps
+            assert summarize(kept.read()) == summarize(read_run(run_dir, "live/rnnmon"))
+    live.close()
+    (first,) = glob.glob(os.path.join(run_dir, "*tfevents*"))
+    while int(time.time()) <= int(os.path.basename(first).split(".")[3]):
+        time.sleep(0.05)  # a name of a later second: files are read in name order (a counter at 10 sorts before 9)
+    second = LiveRun(run_dir, start=live.t + 60)  # a second event file after the first
+    second.chunk(3000)
+    data = kept.read()
+    assert data.digest.steps.rows == 153_000 and summarize(data) == summarize(read_run(run_dir, "live/rnnmon"))
+    path, _ = _records_of(run_dir, 0)
+    os.truncate(path, os.path.getsize(path) - 100)  # cut below what the kept reader read: it notes it, reads whole
+    second.chunk(1000)
+    whole = kept.read()
+    assert whole.digest is None and "its digest was cut below byte" in whole.notes[-1]
+    again = kept.read()  # afresh: the torn record dropped, its events read as tail
+    assert again.digest.steps.rows == 154_000 and summarize(again) == summarize(read_run(run_dir, "live/rnnmon"))
+    second.close()

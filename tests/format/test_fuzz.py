@@ -20,7 +20,7 @@ from tensorboard.compat.proto import event_pb2
 
 from rnnmon.format import schema
 from rnnmon.format.eventfile import frame, scan_records
-from rnnmon.format.reader import read_logdir
+from rnnmon.format.logdir import read_logdir
 from rnnmon.format.writer import SummaryWriter
 from rnnmon.report import build_report, render_text
 

@@ -16,7 +16,8 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 
 from rnnmon.format import packing, schema
 from rnnmon.format.eventfile import EventFileAppender, frame, scan_records
-from rnnmon.format.reader import RunReader, open_logdir, read_logdir, read_runs
+from rnnmon.format.logdir import read_logdir
+from rnnmon.format.reader import RunReader, open_logdir, read_runs
 from rnnmon.format.writer import SummaryWriter
 
 T0 = 1_790_000_000.0

@@ -21,7 +21,8 @@ from synthetic_runs import write_gpu_run
 
 from rnnmon.format import schema
 from rnnmon.format.eventfile import RecordCursor, frame, scan_records
-from rnnmon.format.reader import RunReader, read_logdir
+from rnnmon.format.logdir import read_logdir
+from rnnmon.format.reader import RunReader
 from rnnmon.format.writer import SummaryWriter
 
 T0 = 1_790_000_000.0

@@ -331,7 +331,7 @@ def test_a_process_that_exits_with_the_store_down_names_what_stays_in_staging(mo
 
 
 def read_logdir_steps(logdir: str) -> int:
-    from rnnmon.format.reader import read_logdir
+    from rnnmon.format.logdir import read_logdir
 
     (data,) = read_logdir(logdir).values()
     return len(data.steps)
