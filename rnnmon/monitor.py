@@ -36,6 +36,7 @@ from rnnmon.findings import Finding
 from rnnmon.fit_run import RUNNING, FitRun
 from rnnmon.format import schema
 from rnnmon.gpu.nvml import Nvml
+from rnnmon.loop import TrainingLoop
 from rnnmon.storage import remote
 
 LOG = logging.getLogger("rnnmon")
@@ -197,6 +198,20 @@ class UtilizationMonitor(keras.callbacks.Callback):
         """`log_dir[/trial_<id>][/<worker>]/rnnmon`: the run a fit writes to."""
         parts = [*([trial.folder] if trial else []), *([self.worker] if self.worker else [])]
         return os.path.join(self._staging or self.log_dir, *parts, schema.RUN_SUBDIR)
+
+    def loop(self, model: Any = None) -> TrainingLoop:
+        """Record a training loop written by hand as a fit is recorded (see rnnmon.loop):
+
+        ```python
+        with monitor.loop(model) as loop:
+            for x, y in loop.batches(dataset):   # each next() is the step's input wait; one iteration, one step
+                loss = train_step(x, y)
+                loop.step_done(loss)             # optional: the step ends when the device has finished
+        ```
+
+        `model` (optional) is the Keras model the loop trains: its RNN layers are audited and its devices watched.
+        """
+        return TrainingLoop(self, model)
 
     # --- a fit, as it happens --------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:

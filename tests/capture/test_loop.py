@@ -1,0 +1,214 @@
+"""`monitor.loop()`: training loops written by hand (TF GradientTape, JAX jit around stateless_call, torch) make
+the run a fit makes: steps, input wait, phases, the verdict, findings and the final status."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import read_run
+
+import rnnmon
+from rnnmon.analysis.summary import summarize
+
+TRUE_WAIT = []  # seconds each generated batch really slept
+
+
+def generator(batches: int, sleep_s: float, seed: int = 0, timesteps: int = 16):
+    rng = np.random.default_rng(seed)
+    for _ in range(batches):
+        if sleep_s:
+            start = time.perf_counter()
+            time.sleep(sleep_s)  # a slow Python input pipeline
+            TRUE_WAIT.append(time.perf_counter() - start)
+        x = rng.normal(size=(32, timesteps, 8)).astype("float32")
+        yield x, x[:, :, :1].mean(axis=1)
+
+
+def tape_loop(logdir: str, batches: int, sleep_s: float, *, fail_at: int | None = None, compiled: bool = True,
+              timesteps: int = 16):
+    model = keras.Sequential([keras.Input((timesteps, 8)), keras.layers.LSTM(16), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam()
+
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean((model(x, training=True) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    step = tf.function(train_step) if compiled else train_step
+    with rnnmon.UtilizationMonitor(logdir).loop(model) as loop:
+        for epoch in range(2):
+            for index, (x, y) in enumerate(loop.batches(generator(batches, sleep_s, epoch, timesteps))):
+                if fail_at is not None and epoch == 1 and index == fail_at:
+                    raise RuntimeError("the loss went NaN")
+                loss = step(x, y)
+                loop.step_done(loss)
+            with loop.phase("validation"):
+                float(keras.ops.mean(model(np.zeros((32, timesteps, 8), "float32"))))
+
+
+def test_gradient_tape_loop_fed_by_a_slow_generator_is_input_bound(tmp_path, no_nvml):
+    TRUE_WAIT.clear()
+    tape_loop(str(tmp_path), batches=20, sleep_s=0.01)
+    summary = summarize(read_run(str(tmp_path)))
+    assert summary["status"] == "finished" and summary["steps"] == 40, summary["summary"]
+    assert summary["verdict"] == "input-bound", summary["summary"]
+    true_ms = float(np.median(TRUE_WAIT)) * 1e3
+    assert abs(summary["input_wait_ms"]["median"] - true_ms) <= 0.25 * true_ms, (summary["input_wait_ms"], true_ms)
+    assert summary["eval_fraction"] > 0 and summary["input_kind"] == "generator"
+    codes = {f["code"] for f in summary["findings"]}
+    assert codes >= {"DATA_NOT_TF", "INPUT_BOUND"} and "EAGER_STEP" not in codes  # a tf.function step
+    assert summary["eager_probe"]["ops"] <= 1
+
+
+@pytest.mark.slow
+def test_gradient_tape_step_without_tf_function_is_named_eager_with_its_python_share(tmp_path, no_nvml):
+    tape_loop(str(tmp_path), batches=7, sleep_s=0.0, compiled=False, timesteps=4)
+    summary = summarize(read_run(str(tmp_path)))
+    [eager] = [f for f in summary["findings"] if f["code"] == "EAGER_STEP"]
+    assert summary["eager_probe"]["ops"] >= 100 and summary["eager_probe"]["framework"] == "tensorflow"
+    assert "tf.function" in eager["advice"] and eager["speedup"] > 1.1, eager
+    assert summary["verdict"] != "input-bound"
+
+
+@pytest.mark.slow
+def test_gradient_tape_loop_without_the_sleep_is_not_input_bound(tmp_path, no_nvml):
+    tape_loop(str(tmp_path), batches=30, sleep_s=0.0)
+    summary = summarize(read_run(str(tmp_path)))
+    assert summary["status"] == "finished" and summary["steps"] == 60
+    assert summary["verdict"] != "input-bound", summary["summary"]
+
+
+@pytest.mark.slow
+def test_an_exception_mid_loop_ends_the_run_failed_with_its_steps_written(tmp_path, no_nvml):
+    with pytest.raises(RuntimeError, match="went NaN"):
+        tape_loop(str(tmp_path), batches=10, sleep_s=0.0, fail_at=4)
+    summary = summarize(read_run(str(tmp_path)))
+    assert summary["status"] == "failed" and summary["steps"] == 14  # the 15th step raised before it ran
+
+
+BACKEND_LOOP = textwrap.dedent("""
+    import sys, time
+    import numpy as np, keras, rnnmon
+
+    SLEEP_S = {sleep_s}
+    TRUE_WAIT = []
+
+    def batches(count, seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(count):
+            if SLEEP_S:
+                start = time.perf_counter(); time.sleep(SLEEP_S); TRUE_WAIT.append(time.perf_counter() - start)
+            x = rng.normal(size=(32, 16, 8)).astype("float32")
+            yield x, x[:, :, :1].mean(axis=1)
+
+    model = keras.Sequential([keras.Input((16, 8)), {layer}, keras.layers.Dense(1)])
+    monitor = rnnmon.UtilizationMonitor({logdir!r})
+    {loop}
+    print("TRUE_WAIT_MS", 1e3 * float(np.median(TRUE_WAIT)) if TRUE_WAIT else 0.0)
+""")
+
+JAX_LOOP = """
+import jax
+optimizer = keras.optimizers.Adam()
+optimizer.build(model.trainable_variables)
+
+def loss_fn(trainable, non_trainable, x, y):
+    out, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
+    return keras.ops.mean((out - y) ** 2), non_trainable
+
+grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+@jax.jit
+def train_step(state, x, y):
+    trainable, non_trainable, opt_vars = state
+    (loss, non_trainable), grads = grad_fn(trainable, non_trainable, x, y)
+    trainable, opt_vars = optimizer.stateless_apply(opt_vars, grads, trainable)
+    return loss, (trainable, non_trainable, opt_vars)
+
+state = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
+         [v.value for v in optimizer.variables])
+with monitor.loop(model) as loop:
+    for epoch in range(2):
+        for x, y in loop.batches(batches({batches}, epoch)):
+            loss, state = train_step(state, x, y)
+            loop.step_done(loss)
+        with loop.phase("validation"):
+            float(keras.ops.mean(model(np.zeros((256, 16, 8), "float32"))))
+"""
+
+TORCH_LOOP = """
+import torch
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+with monitor.loop(model) as loop:
+    for epoch in range(2):
+        for x, y in loop.batches(batches({batches}, epoch)):
+            optimizer.zero_grad()
+            loss = torch.mean((model(torch.from_numpy(x)) - torch.from_numpy(y)) ** 2)
+            loss.backward()
+            optimizer.step()
+            loop.step_done(loss)
+        with loop.phase("validation"):
+            with torch.no_grad():
+                float(keras.ops.mean(model(np.zeros((256, 16, 8), "float32"))))
+"""
+
+
+def run_backend_loop(tmp_path, backend: str, loop: str, batches: int, sleep_s: float,
+                     layer: str = "keras.layers.LSTM(16)") -> tuple[dict, float]:
+    """The loop in a process of its own on `backend`: (its run's summary, the generator's true median wait)."""
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed")
+    script = BACKEND_LOOP.format(sleep_s=sleep_s, logdir=str(tmp_path), layer=layer,
+                                 loop=loop.format(batches=batches))
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    true_ms = float(result.stdout.split("TRUE_WAIT_MS")[1].split()[0])
+    summary = summarize(read_run(str(tmp_path)))
+    assert summary["backend"] == backend and summary["status"] == "finished"
+    assert summary["steps"] == 2 * batches and summary["eval_fraction"] > 0, summary["summary"]
+    return summary, true_ms
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, loop, sleep_s", [("jax", JAX_LOOP, 0.01), ("torch", TORCH_LOOP, 0.2)],
+                         ids=["jax", "torch"])  # torch: Keras's LSTM is a Python loop there, 50-160 ms a step
+def test_loop_fed_by_a_slow_generator_is_input_bound(tmp_path, backend, loop, sleep_s):
+    summary, true_ms = run_backend_loop(tmp_path, backend, loop, batches=12, sleep_s=sleep_s)
+    assert summary["verdict"] == "input-bound", summary["summary"]
+    assert abs(summary["input_wait_ms"]["median"] - true_ms) <= 0.25 * true_ms, (summary["input_wait_ms"], true_ms)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, loop", [("jax", JAX_LOOP), ("torch", TORCH_LOOP)], ids=["jax", "torch"])
+def test_loop_without_the_sleep_is_not_input_bound(tmp_path, backend, loop):
+    summary, _ = run_backend_loop(tmp_path, backend, loop, batches=30, sleep_s=0.0)
+    assert summary["verdict"] != "input-bound", summary["summary"]
+
+
+@pytest.mark.slow
+def test_jax_step_without_jit_is_named_eager(tmp_path):
+    loop = JAX_LOOP.replace("@jax.jit\n", "")
+    summary, _ = run_backend_loop(tmp_path, "jax", loop, batches=6, sleep_s=0.0,
+                                  layer="keras.layers.Flatten(), keras.layers.Dense(16)")  # (an eager LSTM: 6 s)
+    [eager] = [f for f in summary["findings"] if f["code"] == "EAGER_STEP"]
+    assert summary["eager_probe"]["ops"] >= 20 and "jax.jit" in eager["advice"], eager
+
+
+@pytest.mark.slow
+def test_jitted_jax_step_dispatches_no_op_from_python(tmp_path):
+    summary, _ = run_backend_loop(tmp_path, "jax", JAX_LOOP, batches=6, sleep_s=0.0,
+                                  layer="keras.layers.Flatten(), keras.layers.Dense(16)")
+    assert summary["eager_probe"]["ops"] == 0
+    assert "EAGER_STEP" not in {f["code"] for f in summary["findings"]}
