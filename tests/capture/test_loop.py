@@ -212,3 +212,55 @@ def test_jitted_jax_step_dispatches_no_op_from_python(tmp_path):
                                   layer="keras.layers.Flatten(), keras.layers.Dense(16)")
     assert summary["eager_probe"]["ops"] == 0
     assert "EAGER_STEP" not in {f["code"] for f in summary["findings"]}
+
+
+JAX_WORKER = textwrap.dedent("""
+    import sys, time
+    import jax, keras, numpy as np
+    import rnnmon
+
+    log_dir, index, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    monitor = rnnmon.UtilizationMonitor(log_dir)  # built before initialize(), as users write it
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=index)
+
+    def batches(count):
+        rng = np.random.default_rng(index)
+        for _ in range(count):
+            time.sleep(0.01 * index)  # process 1 waits 10 ms a batch for its input
+            yield rng.normal(size=(32, 8)).astype("float32")
+
+    @jax.jit
+    def train_step(w, x):
+        loss, grad = jax.value_and_grad(lambda w: ((x @ w) ** 2).mean())(w)
+        return loss, w - 0.01 * grad
+
+    w = np.ones((8, 1), "float32")
+    with monitor.loop() as loop:
+        for x in loop.batches(batches(24)):
+            loss, w = train_step(w, x)
+            loop.step_done(loss)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_two_jax_processes_write_a_worker_folder_each(tmp_path):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    workers = [subprocess.Popen([sys.executable, "-c", JAX_WORKER, str(tmp_path), str(i), str(port)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+    try:
+        errors = [worker.communicate(timeout=300)[1] for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+    assert [w.returncode for w in workers] == [0, 0], [e[-2000:] for e in errors]
+    assert sorted(os.listdir(tmp_path)) == ["worker-0", "worker-1"]
+    runs = {name: summarize(read_run(str(tmp_path / name))) for name in ("worker-0", "worker-1")}
+    assert all(s["status"] == "finished" and s["steps"] == 24 for s in runs.values())
+    assert runs["worker-1"]["input_wait_ms"]["median"] > 8 > runs["worker-0"]["input_wait_ms"]["median"]
