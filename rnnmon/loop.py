@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ from rnnmon.fit_run import FitRun
 if TYPE_CHECKING:
     from rnnmon.monitor import UtilizationMonitor
 
+LOG = logging.getLogger("rnnmon")
 PROBED_STEP = 3  # the run's step whose ops are counted: after the warm-up and the first steady ones
 PHASES = {"validation": "eval", "eval": "eval", "epoch_end": "epoch_end"}  # a loop's phase names -> recorded kinds
 
@@ -56,6 +58,7 @@ class TrainingLoop:
         self._monitor = monitor
         self._model = model
         self._run: FitRun | None = None
+        self._entered = False
         self._epochs = 0
         self._in_step = False  # a batch was handed out and its step has not ended
         self._ended_at: float | None = None  # where the loop left `batches()` in the middle of a step
@@ -73,8 +76,13 @@ class TrainingLoop:
         if monitor.worker is None and keras.backend.backend() == "jax":
             monitor.learn_jax_worker()
         monitor.run_dir = monitor._run_dir(None)
-        run = FitRun(monitor, self._model, monitor.run_dir, trial=None, input_kind=None,
-                     first_step=monitor._global_step)
+        self._entered = True
+        try:
+            run = FitRun(monitor, self._model, monitor.run_dir, trial=None, input_kind=None,
+                         first_step=monitor._global_step)
+        except Exception as error:  # e.g. an unwritable log_dir: train anyway, unmonitored
+            LOG.error("rnnmon: monitoring is off for this loop: %s: %s", type(error).__name__, error)
+            return self
         monitor._run = self._run = run
         run.start(input_wait="measured", audit_input=False)
         if keras.backend.backend() == "jax":  # JAX's compile events come from the process, not from a model
@@ -83,6 +91,7 @@ class TrainingLoop:
 
     def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> None:
         run, self._run = self._run, None
+        self._entered = False
         if run is None:
             return
         if error is None:
@@ -98,7 +107,10 @@ class TrainingLoop:
         """One epoch over `data`: yields its batches, timing each fetch as the next step's input wait."""
         run = self._run
         if run is None:
-            raise RuntimeError("loop.batches() is used inside `with monitor.loop() as loop:`.")
+            if not self._entered:
+                raise RuntimeError("loop.batches() is used inside `with monitor.loop() as loop:`.")
+            yield from data  # monitoring is off: the batches pass through
+            return
         if not any(data is seen for seen in self._inputs):
             self._inputs.append(data)
             self._describe_input(run, data)
@@ -161,7 +173,8 @@ class TrainingLoop:
             raise ValueError(f"name must be one of {sorted(PHASES)}. Received: name={name!r}")
         run = self._run
         if run is None:
-            raise RuntimeError("loop.phase() is used inside `with monitor.loop() as loop:`.")
+            yield
+            return
         self._end_step(run.clock())
         if PHASES[name] == "eval":
             run.validation_begins(run.clock(), warm_up=False)

@@ -97,6 +97,29 @@ def test_an_exception_mid_loop_ends_the_run_failed_with_its_steps_written(tmp_pa
     assert summary["status"] == "failed" and summary["steps"] == 14  # the 15th step raised before it ran
 
 
+def test_a_loop_whose_log_dir_cannot_be_written_trains_unmonitored_with_one_error(tmp_path, no_nvml, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    seen = []
+    with rnnmon.UtilizationMonitor(str(blocker / "runs")).loop() as loop:
+        for batch in loop.batches(range(5)):
+            seen.append(batch)
+            loop.step_done()
+        with loop.phase("validation"):
+            seen.append("validation")
+    assert seen == [0, 1, 2, 3, 4, "validation"]
+    assert next(r.message for r in caplog.records if r.levelname == "ERROR").startswith(
+        "rnnmon: monitoring is off for this loop")
+
+
+def test_loop_api_is_refused_outside_its_with_block_and_for_an_unknown_phase(tmp_path, no_nvml):
+    loop = rnnmon.UtilizationMonitor(str(tmp_path)).loop()
+    with pytest.raises(RuntimeError, match=r"inside `with monitor\.loop"):
+        next(loop.batches([1]))
+    with loop, pytest.raises(ValueError, match="Received: name='test'"), loop.phase("test"):
+        pass
+
+
 BACKEND_LOOP = textwrap.dedent("""
     import sys, time
     import numpy as np, keras, rnnmon
