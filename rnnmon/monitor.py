@@ -108,8 +108,9 @@ class UtilizationMonitor(keras.callbacks.Callback):
     Its place in the callbacks list does not matter: every callback's batch hooks count as host time between
     steps, wherever it sits.
 
-    It records `fit` (its validation included). Given to `model.evaluate()` or `predict()` outside a fit, it
-    records nothing and says so once, in a warning.
+    It records `fit` (its validation included), and a training loop written by hand through `monitor.loop()`
+    (see `loop`). Given to `model.evaluate()` or `predict()` outside a fit, it records nothing and says so once,
+    in a warning.
 
     Example:
         ```python

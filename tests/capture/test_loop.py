@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import keras
 import numpy as np
@@ -118,6 +119,45 @@ def test_loop_api_is_refused_outside_its_with_block_and_for_an_unknown_phase(tmp
         next(loop.batches([1]))
     with loop, pytest.raises(ValueError, match="Received: name='test'"), loop.phase("test"):
         pass
+
+
+@pytest.mark.slow
+def test_a_tf_data_loop_is_audited_alerted_exported_and_stopped_as_a_fit_is(tmp_path, no_nvml):
+    parser = pytest.importorskip("prometheus_client.parser")
+
+    def slow(x):  # a Python stage, 10 ms a batch, in a serial map with no prefetch
+        time.sleep(0.01)
+        return x
+
+    x = np.random.default_rng(0).normal(size=(32 * 400, 16, 8)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :, :1].mean(axis=1))).batch(32).map(
+        lambda a, b: (tf.numpy_function(slow, [a], tf.float32), b))
+    model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam()
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean((model(x, training=True) - y) ** 2)
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        return loss
+
+    monitor = rnnmon.UtilizationMonitor(str(tmp_path), prometheus_port=0, stop_on_alert=["input_wait_high"],
+                                        thresholds={"input_wait_high": {"for_s": 1.0}}, flush_secs=0.5)
+    with monitor.loop(model) as loop:
+        for x_batch, y_batch in loop.batches(data):
+            loop.step_done(train_step(x_batch, y_batch))
+        assert loop.stop_requested  # the alert ended the epoch long before its 400 batches
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor.prometheus_port}/metrics", timeout=5) as answer:
+        steps = [s.value for family in parser.text_string_to_metric_families(answer.read().decode())
+                 for s in family.samples if s.name == "rnnmon_steps_total"]
+    summary = summarize(read_run(str(tmp_path)))
+    assert summary["status"] == "finished" and 10 < summary["steps"] < 400, summary["steps"]
+    assert steps == [summary["steps"]]
+    assert [a["rule"] for a in summary["alerts"]] == ["input_wait_high"]
+    codes = {f["code"] for f in summary["findings"]}
+    assert {"PIPELINE_SERIAL_MAP", "PIPELINE_PY_FUNCTION", "INPUT_BOUND"} <= codes, codes
+    assert summary["input_kind"] == "tf.data" and summary["fetch_floor_ms"] > 0
 
 
 BACKEND_LOOP = textwrap.dedent("""
