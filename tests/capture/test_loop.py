@@ -327,3 +327,57 @@ def test_two_jax_processes_write_a_worker_folder_each(tmp_path):
     runs = {name: summarize(read_run(str(tmp_path / name))) for name in ("worker-0", "worker-1")}
     assert all(s["status"] == "finished" and s["steps"] == 24 for s in runs.values())
     assert runs["worker-1"]["input_wait_ms"]["median"] > 8 > runs["worker-0"]["input_wait_ms"]["median"]
+
+
+DEVICE_STEP = """
+import jax
+
+def device():  # ~30 ms a step inside the compiled step, as a device computes after the call has returned
+    time.sleep(0.03)
+    return np.float32(0)
+
+@jax.jit
+def train_step(w, x):
+    loss, grad = jax.value_and_grad(lambda w: ((x.reshape(32, -1) @ w) ** 2).mean())(w)
+    loss = loss + jax.lax.stop_gradient(jax.pure_callback(device, jax.ShapeDtypeStruct((), np.float32)))
+    return loss, w - 0.01 * grad
+
+w = np.ones((128, 1), "float32")
+with monitor.loop() as loop:
+    for epoch in range(2):
+        for x, y in loop.batches(batches({batches}, epoch)):
+            loss, w = train_step(w, x)
+            {done}
+        with loop.phase("validation"):
+            float(loss)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_step_done_ends_a_jax_step_when_the_device_has_finished_it(tmp_path):
+    # JAX may return from the call before the device's 30 ms are done; with step_done(loss) they are the step's,
+    # and the next fetch (30 ms of sleep) is input wait only: half of each step, not all of it.
+    loop = DEVICE_STEP.replace("{done}", "loop.step_done(loss)")
+    summary, true_ms = run_backend_loop(tmp_path, "jax", loop, batches=12, sleep_s=0.03)
+    assert summary["step_ms"]["median"] > 55, summary["step_ms"]
+    assert abs(summary["input_wait_ms"]["median"] - true_ms) <= 0.25 * true_ms
+    assert 0.35 < summary["shares"]["input"] < 0.65 and summary["verdict"] == "input-bound", summary["summary"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, loop", [("jax", JAX_LOOP), ("torch", TORCH_LOOP)], ids=["jax", "torch"])
+def test_an_exception_mid_loop_ends_the_run_failed_on_other_backends(tmp_path, backend, loop):
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed")
+    failing = loop.replace("for x, y in loop.batches(batches({batches}, epoch)):",
+                           "for index, (x, y) in enumerate(loop.batches(batches({batches}, epoch))):\n"
+                           "            if epoch == 1 and index == 4:\n"
+                           "                raise RuntimeError('the loss went NaN')")
+    script = BACKEND_LOOP.format(sleep_s=0.0, logdir=str(tmp_path), layer="keras.layers.LSTM(8)",
+                                 loop=failing.format(batches=8))
+    result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "KERAS_BACKEND": backend},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "the loss went NaN" in result.stderr, result.stderr[-2000:]
+    summary = summarize(read_run(str(tmp_path)))
+    assert summary["status"] == "failed" and summary["steps"] == 12, (summary["status"], summary["steps"])
