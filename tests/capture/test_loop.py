@@ -212,12 +212,20 @@ with monitor.loop(model) as loop:
 
 TORCH_LOOP = """
 import torch
+
+class Batches(torch.utils.data.IterableDataset):  # read in the training loop: num_workers=0
+    def __init__(self, count, seed):
+        self.count, self.seed = count, seed
+
+    def __iter__(self):
+        return batches(self.count, self.seed)
+
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 with monitor.loop(model) as loop:
     for epoch in range(2):
-        for x, y in loop.batches(batches({batches}, epoch)):
+        for x, y in loop.batches(torch.utils.data.DataLoader(Batches({batches}, epoch), batch_size=None)):
             optimizer.zero_grad()
-            loss = torch.mean((model(torch.from_numpy(x)) - torch.from_numpy(y)) ** 2)
+            loss = torch.mean((model(x) - y) ** 2)
             loss.backward()
             optimizer.step()
             loop.step_done(loss)
@@ -250,6 +258,8 @@ def run_backend_loop(tmp_path, backend: str, loop: str, batches: int, sleep_s: f
 def test_loop_fed_by_a_slow_generator_is_input_bound(tmp_path, backend, loop, sleep_s):
     summary, true_ms = run_backend_loop(tmp_path, backend, loop, batches=12, sleep_s=sleep_s)
     assert summary["verdict"] == "input-bound", summary["summary"]
+    codes = {f["code"] for f in summary["findings"]}  # the input given to batches() is audited, as fit's is
+    assert ("DATALOADER_NO_WORKERS" if backend == "torch" else "DATA_NOT_TF") in codes, codes
     assert abs(summary["input_wait_ms"]["median"] - true_ms) <= 0.25 * true_ms, (summary["input_wait_ms"], true_ms)
 
 
@@ -370,8 +380,9 @@ def test_step_done_ends_a_jax_step_when_the_device_has_finished_it(tmp_path):
 def test_an_exception_mid_loop_ends_the_run_failed_on_other_backends(tmp_path, backend, loop):
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"{backend} is not installed")
-    failing = loop.replace("for x, y in loop.batches(batches({batches}, epoch)):",
-                           "for index, (x, y) in enumerate(loop.batches(batches({batches}, epoch))):\n"
+    [line] = [line for line in loop.splitlines() if "for x, y in loop.batches(" in line]
+    failing = loop.replace(line, line.replace("for x, y in loop.batches(", "for index, (x, y) in enumerate("
+                                              "loop.batches(").removesuffix(":") + "):\n"
                            "            if epoch == 1 and index == 4:\n"
                            "                raise RuntimeError('the loss went NaN')")
     script = BACKEND_LOOP.format(sleep_s=0.0, logdir=str(tmp_path), layer="keras.layers.LSTM(8)",
