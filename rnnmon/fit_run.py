@@ -269,7 +269,7 @@ class FitRun:
 
     def report_findings(self, findings: list[Finding]) -> None:
         """Log findings the monitor has not logged before (in this fit or an earlier one) and record the fit's
-        whole list (the latest record is the one read)."""
+        whole list, each once (the latest record is the one read; a loop audits each new input it is given)."""
         logged = self.monitor._logged_findings
         for finding in findings:
             if finding in logged:
@@ -278,7 +278,8 @@ class FitRun:
             level = logging.INFO if finding.severity == "info" else logging.WARNING
             LOG.log(level, "rnnmon %s %s at %s: %s Fix: %s", finding.severity, finding.code, finding.where,
                     finding.message, finding.advice)
-        self._findings = sort_findings([*self._findings, *findings])
+        self._findings = sort_findings([*self._findings, *(f for f in dict.fromkeys(findings)
+                                                             if f not in self._findings)])
         self._writer.json(schema.FINDINGS_TAG, [f.to_dict() for f in self._findings])
 
     def first_batch(self, batch: Any, iterator: Any) -> None:

@@ -67,8 +67,8 @@ def test_gradient_tape_loop_fed_by_a_slow_generator_is_input_bound(tmp_path, no_
     true_ms = float(np.median(TRUE_WAIT)) * 1e3
     assert abs(summary["input_wait_ms"]["median"] - true_ms) <= 0.25 * true_ms, (summary["input_wait_ms"], true_ms)
     assert summary["eval_fraction"] > 0 and summary["input_kind"] == "generator"
-    codes = {f["code"] for f in summary["findings"]}
-    assert codes >= {"DATA_NOT_TF", "INPUT_BOUND"} and "EAGER_STEP" not in codes  # a tf.function step
+    codes = [f["code"] for f in summary["findings"]]  # a new generator each epoch is audited, named once
+    assert codes.count("DATA_NOT_TF") == 1 and "INPUT_BOUND" in codes and "EAGER_STEP" not in codes, codes
     assert summary["eager_probe"]["ops"] <= 1
 
 
