@@ -43,6 +43,9 @@ CODES: dict[str, Code] = {
     "CACHE_FILL": Code("measured", "info", "input pipeline",
                        "the first epoch waited for the input pipeline while it filled `.cache()`; the epochs after "
                        "it are judged on their own"),
+    "EAGER_STEP": Code("measured", "critical", "host loop",
+                       "a loop written by hand runs its training step op by op from Python (no tf.function or "
+                       "jax.jit)"),
     "RECOMPILE": Code("measured", "warning", "input pipeline",
                       "steps on input shapes new to the fit (a partial batch, a new sequence length) compiled the "
                       "training step again"),

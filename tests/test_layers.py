@@ -37,12 +37,18 @@ def modules() -> dict[str, str]:
 
 
 def imports(name: str, path: str, known: dict[str, str]) -> set[str]:
-    """The rnnmon modules `name` imports, at any depth of its code (late imports count too)."""
+    """The rnnmon modules `name` imports, at any depth of its code (late imports count too; those under `if
+    TYPE_CHECKING:`, which name a type for annotations and never run, do not)."""
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
     found = set()
     with open(path) as f:
         tree = ast.parse(f.read())
+    typing_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for statement in node.body for inner in ast.walk(statement)}
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             base = package.rsplit(".", node.level - 1)[0] if node.level else ""
             module = ".".join(part for part in (base, node.module or "") if part)

@@ -38,7 +38,7 @@ def measured_findings(summary: dict[str, Any]) -> list[Finding]:
     if summary["verdict"] == "insufficient-data":
         return []
     return (_input(summary) + _cache_fill(summary) + _small_step(summary) + _distributed_split(summary)
-            + _host(summary) + _recompile(summary) + _low_work(summary) + _eval_idle(summary))
+            + _host(summary) + _eager(summary) + _recompile(summary) + _low_work(summary) + _eval_idle(summary))
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -168,6 +168,36 @@ def _host(summary: dict[str, Any]) -> list[Finding]:
               "`verbose=2` instead of the per-step progress bar, and move per-batch callback work to "
               "`on_epoch_end` or every N batches.")
     return [Finding.of("HOST_BOUND", "training loop", message, advice, training_speedup(training, without))]
+
+
+EAGER_OPS = 20  # ops dispatched from Python in one step from which the step is eager (a compiled one: 0 or 1)
+_COMPILE_ADVICE = {
+    "tensorflow": "Wrap the step in `tf.function` (`train_step = tf.function(train_step)`; `jit_compile=True` for "
+                  "XLA): the whole step then runs as one graph call.",
+    "jax": "Wrap the step in `jax.jit`, with the model's state passed in and returned (`model.stateless_call`, "
+           "`optimizer.stateless_apply`): the whole step then runs as one compiled call.",
+}
+
+
+def _eager(summary: dict[str, Any]) -> list[Finding]:
+    """A loop's step dispatched its ops one by one from Python (rnnmon.capture.eager_steps): the Python between
+    them, per step, is what compiling the step removes at least."""
+    probe = summary.get("eager_probe") or {}
+    if probe.get("ops", 0) < EAGER_OPS or not summary.get("step_ms"):
+        return []
+    wait_ms = (summary.get("input_wait_ms") or {}).get("median") or 0.0
+    compute_ms = summary["step_ms"]["median"] - wait_ms
+    python_ms = max(compute_ms - probe["in_ops_ms"], 0.0)
+    training = summary["time_s"]["training"]
+    without = max(training - python_ms / 1e3 * summary["steps"], 0.0)
+    framework = probe.get("framework", "")
+    message = (f"The training step runs eagerly: step {probe.get('step')} dispatched {probe['ops']} {framework} ops "
+               f"one by one from Python (a compiled step dispatches one). Of the median step's {compute_ms:.1f} ms "
+               f"of compute, {python_ms:.1f} ms ({_pct(python_ms / compute_ms if compute_ms > 0 else None)}) is "
+               f"Python between those ops, which compiling removes; without it, "
+               f"{training_sentence(training, without)}. The ops' own dispatch goes too: expect more.")
+    advice = _COMPILE_ADVICE.get(framework, _COMPILE_ADVICE["tensorflow"])
+    return [Finding.of("EAGER_STEP", "training step", message, advice, training_speedup(training, without))]
 
 
 def _callback_blame(hooks_s: dict[str, float], host_s: float) -> tuple[str, str]:

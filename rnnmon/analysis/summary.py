@@ -95,6 +95,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "fetch_floor_ms": run.info.get("fetch_floor_ms"),
         "distributed_split_ms": run.info.get("distributed_split_ms"),  # of the floor: tf.distribute's split
         "partial_batch_ms": run.info.get("partial_batch_ms"),  # of the split: the partial-batch check
+        "eager_probe": run.info.get("eager_probe"),  # a loop's step: the ops it dispatched from Python (EAGER_STEP)
         "callback_ms_per_step": callback_ms_per_step(run, int(digest.steps.batches)),  # per batch
         "callback_hooks_s": callback_hooks_s(run, int(digest.steps.batches)),
         "shares": {"input": steps["input_share"], "host": _ratio(steps["gap_s"], step_total)},

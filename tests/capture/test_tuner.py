@@ -99,7 +99,7 @@ def test_a_copy_is_a_fresh_monitor_with_the_same_settings(tmp_path):
     x, y = sequences(12)
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[monitor])
     twin = copy.deepcopy(monitor)
-    assert twin is not monitor and twin.model is None and not twin._active
+    assert twin is not monitor and twin.model is None and twin._run is None
     assert (twin.log_dir, twin.sample_interval_s, twin.flush_secs, twin.audit) == (str(tmp_path), 0.2, 1.0, False)
     assert twin.thresholds == monitor.thresholds and twin.on_alert == alerts.append  # the same list, not a copy
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[twin])
