@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import read_run
+from conftest import TESTS, read_run
 
 import rnnmon
 from rnnmon.analysis.summary import summarize
@@ -409,22 +409,6 @@ def test_two_processes_of_a_loop_write_a_worker_folder_each(tmp_path, backend):
     they do for a fit; process 1 waits 10 ms a batch for its input and its run says so."""
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"{backend} is not installed")
-    loop = (TORCH_GLOO + TORCH_LOOP) if backend == "torch" else """
-import tensorflow as tf
-optimizer = keras.optimizers.Adam()
-
-@tf.function
-def train_step(x, y):
-    with tf.GradientTape() as tape:
-        loss = keras.ops.mean((model(x, training=True) - y) ** 2)
-    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-    return loss
-
-with monitor.loop(model) as loop:
-    for epoch in range(2):
-        for x, y in loop.batches(batches({batches}, epoch)):
-            loop.step_done(train_step(x, y))
-"""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -432,7 +416,9 @@ with monitor.loop(model) as loop:
     workers = []
     for index in (0, 1):
         script = BACKEND_LOOP.format(sleep_s=0.01 * index, logdir=str(tmp_path), layer="keras.layers.LSTM(8)",
-                                     loop=loop.format(batches=10))
+                                     loop=(TORCH_GLOO + TORCH_LOOP).format(batches=10)) if backend == "torch" else (
+            f"import sys; sys.path[:0] = [{TESTS!r}, {os.path.dirname(__file__)!r}]\n"
+            f"from test_loop import tape_loop\ntape_loop({str(tmp_path)!r}, 10, {0.01 * index})")
         env = {**os.environ, "KERAS_BACKEND": backend, "RANK": str(index), "LOCAL_RANK": str(index),
                "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if backend == "torch" else {
                **os.environ, "KERAS_BACKEND": backend,
