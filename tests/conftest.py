@@ -106,6 +106,16 @@ def stalled_dataset(batches: int, stall_s: float | Callable[[int], float] = 0.0,
     return dataset
 
 
+@pytest.fixture(scope="session")
+def traced_model():
+    """A `tiny_model()` whose train function is traced, shared by the session: a fit of it costs about 0.1 s of CPU
+    where a fresh model's first costs 1.3-1.5 s. For tests whose check is not about a fit's first step (its trace)
+    or the model's weights: it trains on in every test that uses it."""
+    model = tiny_model(seed=7)
+    model.fit(stalled_dataset(2), epochs=1, verbose=0)
+    return model
+
+
 def _idle_every_second(t: float) -> float:
     """A fake GPU's utilization: idle the first third of every second, 90% busy the rest."""
     return 0.0 if t % 1.0 < 0.35 else 90.0
