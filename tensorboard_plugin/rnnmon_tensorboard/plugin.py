@@ -7,8 +7,7 @@ change; otherwise run data comes through TensorBoard's data provider, so the Rus
 loader both work. TensorBoard's data provider always says which runs exist. A `gs://` or `s3://` log directory is
 mirrored into a local cache and read as a local one, its runs listed by a provider over the mirror (`remote_runs`).
 The one write is `POST /thresholds`, which saves the thresholds file at the log directory's root (see
-`thresholds_store`); it takes JSON only, with a header a cross-site form cannot send, the version of the file it
-edits, and a small body.
+`thresholds_store`), after the checks of `save_request`.
 See `http_api.md`.
 
 Example:
@@ -23,14 +22,11 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import ipaddress
 import json
 import math
 import os
-import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +50,7 @@ from .labels import LABELS
 from .read_ahead import ReadAhead
 from .remote_runs import RemoteRuns
 from .run_files import LocalRuns
+from .save_request import RequestRefused, check_host, edited_version, json_body
 from .thresholds_store import NotWritableError, StaleVersionError, ThresholdsStore, reaches
 from .timeline import TimelineIndex, array_bytes
 from .workers_view import WorkerEntry, heatmap, step_bins
@@ -70,9 +67,6 @@ DERIVED = ("timeline", "summary")  # what the routes build from a run's tables
 READ_AHEAD_RUNS = 3  # runs /runs reads ahead (local log directories): the tab's first, then the newest
 READ_AHEAD_BYTES = CACHE_BYTES // 2  # what their indexes may hold, estimated from their event files' size
 INDEX_BYTES_PER_FILE_BYTE = 5  # a 1M-step run: 4.6 (input-bound, a gap every step), 2.3 (GPU run)
-VERSION_HEADER = "X-Rnnmon-Version"  # the `version` a save edits (GET /thresholds answers it)
-SAVE_HEADER, SAVE_HEADER_VALUE = "X-Rnnmon-Request", "save"  # a cross-site form post cannot set a header
-MAX_BODY_BYTES = 16 * 1024  # a thresholds document is under 2 KiB
 
 
 @dataclasses.dataclass
@@ -148,16 +142,6 @@ class RunDataError(errors.PublicError):
     """A run whose rnnmon data cannot be read (HTTP 422: the request was fine, the data is not; 500 is for bugs)."""
 
     http_code = 422
-
-
-class RequestRefused(errors.PublicError):
-    """A refused `POST /thresholds`, with its HTTP status (405, 409, 413, 415, 428); the message says what to
-    change."""
-
-    def __init__(self, http_code: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
-        super().__init__(message)
-        self.http_code = http_code
-        self.headers = headers or []
 
 
 class RnnmonPlugin(base_plugin.TBPlugin):
@@ -251,9 +235,9 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         if request.method != "POST":
             raise RequestRefused(405, f"/thresholds answers GET and POST only. Received: {request.method}",
                                  [("Allow", "GET, HEAD, POST")])
-        _check_host(request)
-        edits = _edited_version(request)
-        return http_util.Respond(request, self.save_thresholds_impl(_json_body(request), edits), "application/json")
+        check_host(request)
+        edits = edited_version(request)
+        return http_util.Respond(request, self.save_thresholds_impl(json_body(request), edits), "application/json")
 
     # --- work --------------------------------------------------------------------------------------------
     def runs_impl(self, ctx: Any, experiment: str) -> dict[str, Any]:
@@ -643,71 +627,6 @@ def _static_file(name: str, mimetype: str) -> Any:
             return http_util.Respond(request, f.read(), mimetype)
 
     return serve
-
-
-def _edited_version(request: wrappers.Request) -> str:
-    """The `version` of the thresholds a save edits, after the header check that keeps other sites out: every
-    client must say it (428 without), so a save never overwrites a file it has not seen."""
-    if request.headers.get(SAVE_HEADER, "").strip().lower() != SAVE_HEADER_VALUE:
-        raise errors.PermissionDeniedError(
-            f"POST /thresholds needs the header {SAVE_HEADER}: {SAVE_HEADER_VALUE} (a cross-site form cannot send it)")
-    edits = request.headers.get(VERSION_HEADER, "").strip()
-    if not edits:
-        raise RequestRefused(428, f"POST /thresholds needs the header {VERSION_HEADER}: the version that GET "
-                                  "/thresholds answered (\"none\" while there is no file), so that a save never "
-                                  "overwrites changes it has not seen")
-    return edits
-
-
-def _json_body(request: wrappers.Request) -> Any:
-    """The JSON document of a save request, after the checks that keep large bodies out."""
-    if request.mimetype != "application/json":
-        raise RequestRefused(415, "POST /thresholds takes JSON: send Content-Type: application/json. "
-                                  f"Received: {request.content_type or 'no Content-Type'}")
-    too_large = f"The thresholds document must be at most {MAX_BODY_BYTES} bytes"
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise RequestRefused(413, f"{too_large}. Received: Content-Length {request.content_length}")
-    body = request.stream.read(MAX_BODY_BYTES + 1)  # without a Content-Length (chunked), read one byte past the limit
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestRefused(413, f"{too_large}. Received: a longer body, sent without Content-Length")
-    try:
-        return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise errors.InvalidArgumentError(f"the body is not valid JSON: {error}") from None
-    except RecursionError:
-        raise errors.InvalidArgumentError("the body is nested too deeply") from None
-
-
-def _check_host(request: wrappers.Request) -> None:
-    """Refuse a save addressed to a foreign host name or sent from another origin (DNS rebinding), as Jupyter does.
-
-    Allowed: localhost, IP literals, this machine's names, and the names in RNNMON_ALLOWED_HOSTS (comma
-    separated; "*" allows any).
-    """
-    host = request.host or ""
-    if host.startswith("["):  # [IPv6]:port
-        name = host[1:host.find("]")] if "]" in host else host
-    else:
-        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    name = name.rstrip(".").lower()
-    allowed = {h.strip().lower() for h in os.environ.get("RNNMON_ALLOWED_HOSTS", "").split(",") if h.strip()}
-    if not ("*" in allowed or name in allowed or _local_name(name)):
-        raise errors.PermissionDeniedError(
-            f"POST /thresholds refuses Host {host[:80]!r}: reach TensorBoard at localhost, an IP address or this "
-            "machine's name, or list the name in RNNMON_ALLOWED_HOSTS (a guard against DNS rebinding)")
-    origin = request.headers.get("Origin")
-    if origin and origin != "null" and urllib.parse.urlsplit(origin).netloc.lower() != host.lower():
-        raise errors.PermissionDeniedError(f"POST /thresholds refuses a request from another origin: {origin[:80]!r}")
-
-
-def _local_name(name: str) -> bool:
-    if name in ("localhost", socket.gethostname().lower(), socket.getfqdn().lower()) or name.endswith(".localhost"):
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
 
 
 def _run(args: Any) -> str:
