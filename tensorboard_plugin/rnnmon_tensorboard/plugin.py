@@ -173,8 +173,8 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         for run in sorted(name for name, tags in listing.items() if tags):
             last_write = max(series.max_wall_time for series in listing[run].values())
             notes: list[str] = []
-            run_dir = self._run_dir(run)
             if self._local:  # from the files: nothing of them is expanded by the provider, and newer than its reload
+                run_dir = self._run_dir(run)
                 info, problems, notes, written, file_bytes[run] = (
                     description(self._descriptions, (experiment, run), run_dir) if run_dir is not None
                     else ({}, [], [], 0.0, 0))
@@ -284,7 +284,6 @@ class RnnmonPlugin(base_plugin.TBPlugin):
         if data.errors:
             return WorkerEntry(version, reason=_unreadable(run, data.errors))
         return WorkerEntry(version, summarize(data), step_bins(data.steps))
-
 
     def thresholds_impl(self) -> dict[str, Any]:
         """The saved thresholds (or the defaults), the file's path, and whether the tab can save it."""
