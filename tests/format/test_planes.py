@@ -1,22 +1,28 @@
-"""Format version 4's byte planes (b"rnm3"): smaller chunks, the same rows, and files of version 3 (b"rnm2") still
-read as they did."""
+"""Format version 4's byte planes (b"rnm3") and 256-step pyramid records: smaller chunks and index, the same rows,
+and runs of version 3 (b"rnm2" chunks, 64-step records) still read and report as they did."""
 
 from __future__ import annotations
 
 import glob
+import os
 import shutil
+import tarfile
 import zlib
 
 import numpy as np
 import pytest
+from rnnmon_tensorboard.indexed_timeline import IndexedTimeline
 
-from rnnmon.format import packing, schema, series
+from rnnmon.format import index, packing, schema, series
 from rnnmon.format.logdir import read_logdir
 from rnnmon.format.writer import SummaryWriter
 from rnnmon.report import build_report
 
 T0 = 1_790_000_000.0
 VERSION_3 = series.Format(3, series.FORMAT.tables)  # the writer before byte planes
+# 1,080 steps and gaps in 270 chunks of 4, by the version-3 writer (December 2026, before byte planes): b"rnm2" chunks,
+# its index with 64-step records, a Scalars-tab mean per flush; step 778 waited 30 ms, the others 9.5-14
+FORMAT_3_RUN = os.path.join(os.path.dirname(__file__), "fixtures", "format-3-run.tar.gz")
 
 
 def _steady_steps(n: int, seed: int = 0) -> np.ndarray:
@@ -103,3 +109,23 @@ def test_a_version_3_run_reads_and_reports_as_the_same_run_written_in_version_4(
     assert reports[0] == reports[1]
     shutil.rmtree(tmp_path / "v4" / "run" / "rnnmon" / "rnnmon-index")  # a reader that builds it reads the same
     assert build_report(str(tmp_path / "v4")) == reports[1]
+
+
+def test_a_version_3_runs_own_index_draws_it_and_a_rebuilt_one_reports_the_same(tmp_path):
+    with tarfile.open(FORMAT_3_RUN) as archive:
+        archive.extractall(tmp_path / "old" / "run", filter="data")
+    run_dir = str(tmp_path / "old" / "run" / "rnnmon")
+    run = read_logdir(str(tmp_path / "old"))["run/rnnmon"]
+    assert run.errors == [] and len(run.steps) == 1080
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    record = index.point_dtype(3).itemsize
+    assert os.path.getsize(os.path.join(folder, "steps.L0")) == 1079 // 64 * record
+    timeline = IndexedTimeline("r", run_dir)
+    timeline.refresh()
+    steps = timeline.view(None, None, 1280)["steps"]  # 270 chunks: drawn from the old 64-step records
+    assert steps["downsampled"] and steps["total"] == 1079 and timeline.notes == []
+    assert steps["input_wait_ms"][steps["step"].index(778)] == pytest.approx(30.0)
+    report = build_report(str(tmp_path / "old"))
+    shutil.rmtree(os.path.join(run_dir, index.INDEX_DIR))  # today's reader builds its own: 256-step records
+    assert build_report(str(tmp_path / "old")) == report
+    assert os.path.getsize(os.path.join(folder, "steps.L0")) == 1079 // index.STEPS_BLOCK * record
