@@ -296,16 +296,34 @@ def _to_planes(packed: np.ndarray) -> bytes:
                     for name in packed.dtype.names)
 
 
-def _from_planes(body: bytes, rows: int, layout: Layout) -> bytes:
-    """The row-by-row body of a byte-planes chunk (times summed back from their differences)."""
+@functools.lru_cache(maxsize=64)
+def _plane_order(layout: Layout, rows: int) -> np.ndarray:
+    """For each byte of `rows` packed rows in `layout`, where the byte-planes body holds it."""
     dtype = layout.dtype
-    out = np.empty(rows, dtype=dtype)
-    raw = out.view(np.uint8).reshape(rows, dtype.itemsize)
+    order = np.empty((rows, dtype.itemsize), dtype=np.int32)
     read = 0
     for name in dtype.names:
         size, at = dtype[name].itemsize, dtype.fields[name][1]
-        raw[:, at:at + size] = np.frombuffer(body, np.uint8, rows * size, read).reshape(size, rows).T
+        order[:, at:at + size] = (read + np.arange(size * rows, dtype=np.int32).reshape(size, rows)).T
         read += rows * size
+    return order.reshape(-1)
+
+
+def _from_planes(body: bytes, rows: int, layout: Layout) -> bytes:
+    """The row-by-row body of a byte-planes chunk (times summed back from their differences)."""
+    dtype = layout.dtype
+    read = rows * dtype.itemsize
+    planes = np.frombuffer(body, np.uint8, read)
+    if rows <= 1024:  # the usual chunk: one gather through a cached order
+        out = planes[_plane_order(layout, rows)].view(dtype)
+    else:
+        out = np.empty(rows, dtype=dtype)
+        raw = out.view(np.uint8).reshape(rows, dtype.itemsize)
+        at_plane = 0
+        for name in dtype.names:
+            size, at = dtype[name].itemsize, dtype.fields[name][1]
+            raw[:, at:at + size] = planes[at_plane:at_plane + rows * size].reshape(size, rows).T
+            at_plane += rows * size
     if layout.id != _STEPS_LAYOUT:
         field = f"c{layout.time}"
         time_us = np.cumsum(out[field], dtype=np.int64)
