@@ -6,12 +6,16 @@ then summed per group of tags:
 - `gpu`: `rnnmon/util/gpu*`, `rnnmon/stats/gpu*` and the `rnnmon/gpu*/` scalars, per GPU-second;
 - `gaps`, `scalars` (the run-wide Scalars-tab means), `other` (host, phases, documents, file header).
 
+The reading index (`rnnmon-index/`) counts too, each file in the group of its series (`dir.steps`, `steps.L*`:
+steps; `util*`, `sm*`: gpu; `gaps.*`: gaps; phases and `dir.docs`: other), and the digest in a group of its own, so
+`bytes_per_step` is everything a run leaves on disk; `events`, `index` and `digest` split it.
+
 The real fit is one fit of a tiny LSTM for about `--fit-s` seconds on the fake NVML library (tests/fake_nvml.py:
 the real pynvml binding runs), with UtilizationMonitor's defaults, so its bytes per step and per GPU-second can
 be set beside the synthetic runs' (benchmarks/synthetic_run.py, same Recorder and writer on a virtual clock).
 
 Usage:
-    python benchmarks/disk_size.py [--steps 100000] [--fit-s 30] [--json]
+    python benchmarks/disk_size.py [--steps 100000] [--fit-s 30] [--runs gpu,input,fit] [--json]
 """
 
 from __future__ import annotations
@@ -62,14 +66,43 @@ def bytes_by_group(run_dir: str) -> dict[str, float]:
     return dict(sizes)
 
 
+def _index_group(name: str) -> str:
+    if name == "digest":
+        return "digest"
+    series = name[4:] if name.startswith("dir.") else name.rsplit(".L", 1)[0]
+    if series == "steps":
+        return "steps"
+    if series.startswith(("util", "sm")):
+        return "gpu"
+    return "gaps" if series.startswith("gaps.") else "other"
+
+
+def index_bytes_by_group(run_dir: str) -> dict[str, float]:
+    """Bytes of the run's reading index and digest (`rnnmon-index/`) per tag group; the digest is its own group."""
+    sizes: collections.Counter[str] = collections.Counter()
+    for path in glob.glob(os.path.join(run_dir, "rnnmon-index", "*", "*")):
+        sizes[_index_group(os.path.basename(path))] += os.path.getsize(path)
+    return dict(sizes)
+
+
 def figures(run_dir: str, steps: int, seconds: float, gpus: int) -> dict[str, Any]:
-    groups = bytes_by_group(run_dir)
+    events, index = bytes_by_group(run_dir), index_bytes_by_group(run_dir)
+    groups = collections.Counter(events)
+    groups.update(index)
     total = sum(groups.values())
+
+    def per_step(value: float) -> float:
+        return round(value / steps, 2)
+
     return {"steps": steps, "seconds": round(seconds, 1), "bytes": int(total),
-            "bytes_per_step": round(total / steps, 2),
-            "steps_bytes_per_step": round(groups.get("steps", 0) / steps, 2),
+            "bytes_per_step": per_step(total), "events_bytes_per_step": per_step(sum(events.values())),
+            "index_bytes_per_step": per_step(sum(index.values()) - index.get("digest", 0)),
+            "digest_bytes_per_step": per_step(index.get("digest", 0)),
+            "steps_bytes_per_step": per_step(groups.get("steps", 0)),
             "gpu_bytes_per_gpu_second": round(groups.get("gpu", 0) / (seconds * gpus), 1) if gpus else None,
-            "groups": {k: int(v) for k, v in sorted(groups.items())}}
+            "groups": {k: int(v) for k, v in sorted(groups.items())},
+            "event_groups": {k: int(v) for k, v in sorted(events.items())},
+            "index_groups": {k: int(v) for k, v in sorted(index.items())}}
 
 
 def real_fit(seconds: float) -> dict[str, Any]:
@@ -104,22 +137,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100_000, help="steps of each synthetic run")
     parser.add_argument("--fit-s", type=float, default=30.0, help="seconds of the real fit")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--runs", default="gpu,input,fit", help="which runs: gpu, input (synthetic), fit (real)")
     args = parser.parse_args(argv)
     from synthetic_run import write_run
 
     results = {}
+    runs = args.runs.split(",")
     for kind in ("gpu", "input"):
-        run_dir = os.path.join(tempfile.mkdtemp(prefix="rnnmon-disk-"), kind, "rnnmon")
-        written = write_run(run_dir, args.steps, kind)
-        results[f"synthetic {kind}"] = figures(run_dir, args.steps, written["virtual_s"], 1 if kind == "gpu" else 0)
-    results["real fit"] = real_fit(args.fit_s)
+        if kind in runs:
+            run_dir = os.path.join(tempfile.mkdtemp(prefix="rnnmon-disk-"), kind, "rnnmon")
+            written = write_run(run_dir, args.steps, kind)
+            results[f"synthetic {kind}"] = figures(run_dir, args.steps, written["virtual_s"],
+                                                   1 if kind == "gpu" else 0)
+    if "fit" in runs:
+        results["real fit"] = real_fit(args.fit_s)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print(f"{'run':16} {'steps':>8} {'B/step':>7} {'steps B/step':>12} {'GPU B/GPU-s':>11}")
+        print(f"{'run':16} {'steps':>8} {'B/step':>7} {'events':>7} {'index':>6} {'digest':>6} "
+              f"{'steps B/step':>12} {'GPU B/GPU-s':>11}")
         for name, r in results.items():
-            print(f"{name:16} {r['steps']:8d} {r['bytes_per_step']:7.2f} {r['steps_bytes_per_step']:12.2f} "
-                  f"{r['gpu_bytes_per_gpu_second'] if r['gpu_bytes_per_gpu_second'] is not None else '-':>11}")
+            gpu = r["gpu_bytes_per_gpu_second"]
+            print(f"{name:16} {r['steps']:8d} {r['bytes_per_step']:7.2f} {r['events_bytes_per_step']:7.2f} "
+                  f"{r['index_bytes_per_step']:6.2f} {r['digest_bytes_per_step']:6.2f} "
+                  f"{r['steps_bytes_per_step']:12.2f} {gpu if gpu is not None else '-':>11}")
     return 0
 
 

@@ -2,8 +2,8 @@
 
 The training thread appends one tuple per step (`add_step`) and one per closed phase (`add_phase`); nothing
 else happens on the hot path. The background thread calls `flush()` every few seconds: it drains those
-buffers and the sampler, finds idle gaps, writes the chunk and the Scalars-tab window means, and forgets
-what no open gap can still need.
+buffers and the sampler, finds idle gaps, writes the chunk and, once its steps span `SCALAR_WINDOW_S` (and at
+a fit's end), the Scalars-tab window means, and forgets what no open gap can still need.
 
 Example:
     >>> recorder = Recorder(writer, sampler, wall_offset_s=time.time() - time.perf_counter())
@@ -28,6 +28,9 @@ from rnnmon.gpu.sampler import Sampler
 
 StepRow = tuple[int, int, float, float, float, float, int]  # step, epoch, begin, end, wait_s, gap_s, batches
 _KEEP_S = 1.0  # extra history kept for blaming gaps
+# The Scalars tab's means span this much of the run at least: a flush's 2 s of scalars cost more bytes than its
+# steps (docs/performance.md, Disk), and a chart of a long fit shows a point per minutes anyway.
+SCALAR_WINDOW_S = 10.0
 
 
 class Recorder:
@@ -56,6 +59,7 @@ class Recorder:
         self._on_chunk = on_chunk
         self._lock = threading.Lock()
         self.last_step = 0
+        self._window = _ScalarWindow()
         # What fetching a ready batch costs (rnnmon.capture.fetch_floor), once the fit's first batch measured it:
         # each chunk carries it, so live readers (alerts, the exporter) count only the wait beyond it.
         self.fetch_floor_s = 0.0
@@ -93,6 +97,8 @@ class Recorder:
             chunk = {"steps": steps, "phases": phases, "util": util, "stats": stats, "host": host, "gaps": gaps,
                      "fetch_floor_s": self.fetch_floor_s, "compiles": compiles}
             self._write(chunk)
+            if self._window.due(final):
+                self._write_scalars()
             if shapes:
                 self._writer.json(schema.SHAPES_TAG, [_shape_record(row, self._offset) for row in shapes])
             if compiles:
@@ -148,7 +154,7 @@ class Recorder:
             rows[:, 4:6] *= 1e3
             w.table(schema.STEPS_TAG, rows)
             self.last_step = int(rows[-1, 0])
-            self._write_step_scalars(rows)
+            self._window.add_steps(rows)
         if chunk["phases"]:
             rows = np.asarray(chunk["phases"], dtype=np.float64)
             rows[:, 1:] += offset
@@ -159,9 +165,7 @@ class Recorder:
                 rows[:, 0] += offset
                 w.table(f"{schema.UTIL_TAG_PREFIX}{index}", rows, device=self._device_info[index])
                 if steps:
-                    w.scalar(f"rnnmon/gpu{index}/util_pct", float(rows[:, 1].mean()), self.last_step)
-                    w.scalar(f"rnnmon/gpu{index}/idle_fraction",
-                             float((rows[:, 1] <= self._idle_pct).mean()), self.last_step)
+                    self._window.add_util(index, rows[:, 1], self._idle_pct)
         for index, samples in chunk["stats"].items():
             if samples:
                 rows = np.asarray(samples, dtype=np.float64)
@@ -176,17 +180,48 @@ class Recorder:
                                for device, (start, end, cause) in chunk["gaps"]], dtype=np.float64)
             w.table(schema.GAPS_TAG, rows)
 
-    def _write_step_scalars(self, rows: np.ndarray) -> None:
-        duration = rows[:, 3] - rows[:, 2]
-        gap = np.nan_to_num(rows[:, 5] / 1e3)
-        total = float(duration.sum() + gap.sum())
-        step = self.last_step
-        self._writer.scalar("rnnmon/step_time_ms", float(1e3 * duration.sum() / rows[:, 6].sum()), step)
+    def _write_scalars(self) -> None:
+        """The window's means, at the latest step, and a new window."""
+        window, self._window = self._window, _ScalarWindow()
+        w, step = self._writer, self.last_step
+        w.scalar("rnnmon/step_time_ms", 1e3 * window.duration_s / window.batches, step)
+        total = window.duration_s + window.gap_s
         if total > 0:
-            if not np.isnan(rows[:, 4]).all():
-                self._writer.scalar("rnnmon/input_wait_fraction", float(np.nansum(rows[:, 4]) / 1e3 / total),
-                                    step)
-            self._writer.scalar("rnnmon/host_gap_fraction", float(gap.sum() / total), step)
+            if window.waited:
+                w.scalar("rnnmon/input_wait_fraction", window.wait_s / total, step)
+            w.scalar("rnnmon/host_gap_fraction", window.gap_s / total, step)
+        for index, (count, util_sum, idle) in sorted(window.util.items()):
+            w.scalar(f"rnnmon/gpu{index}/util_pct", util_sum / count, step)
+            w.scalar(f"rnnmon/gpu{index}/idle_fraction", idle / count, step)
+
+
+class _ScalarWindow:
+    """Sums of the steps (and of the GPU samples of the flushes with steps) since the last Scalars-tab means."""
+
+    def __init__(self) -> None:
+        self.first = self.last = float("nan")  # the window's first begin and last end
+        self.duration_s = self.gap_s = self.wait_s = 0.0
+        self.batches = 0.0
+        self.waited = False
+        self.util: dict[int, tuple[int, float, int]] = {}  # per device: samples, their sum, idle ones
+
+    def add_steps(self, rows: np.ndarray) -> None:
+        if self.batches == 0:
+            self.first = float(rows[0, 2])
+        self.last = float(rows[-1, 3])
+        self.duration_s += float((rows[:, 3] - rows[:, 2]).sum())
+        self.gap_s += float(np.nansum(rows[:, 5]) / 1e3)
+        self.wait_s += float(np.nansum(rows[:, 4]) / 1e3)
+        self.waited |= bool(not np.isnan(rows[:, 4]).all())
+        self.batches += float(rows[:, 6].sum())
+
+    def add_util(self, index: int, util: np.ndarray, idle_pct: float) -> None:
+        count, total, idle = self.util.get(index, (0, 0.0, 0))
+        self.util[index] = (count + len(util), total + float(util.sum()), idle + int((util <= idle_pct).sum()))
+
+    def due(self, final: bool) -> bool:
+        """Whether the means are written now: the steps span the window, or the fit ends."""
+        return self.batches > 0 and (final or self.last - self.first >= SCALAR_WINDOW_S)
 
 
 def _shape_record(row: tuple[int, float, Any], offset: float) -> dict[str, Any]:

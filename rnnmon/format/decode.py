@@ -285,7 +285,7 @@ def decode_chunks(tag: str, tensors: list[Any], stored: Stored | None = None
     for index, tensor in enumerate(tensors):
         try:
             raw = tensor if isinstance(tensor, (bytes, np.ndarray)) else raw_from_proto(tensor)
-            if isinstance(raw, bytes) and raw[:4] != packing.MAGIC:
+            if isinstance(raw, bytes) and not packing.is_packed(raw):
                 raise InvalidRecord("a string where a table belongs")
             if isinstance(raw, bytes) and stored.problem:
                 raise InvalidRecord(stored.problem)

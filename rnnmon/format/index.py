@@ -9,10 +9,10 @@ bytes, so a reader finds a record by its number and drops a torn last one:
   read straight from those events, each checked against the index (length, checksums, event step): where they
   disagree, the data wins.
 - `<series>.L<k>`: level k of a min/max pyramid of a drawn series (`steps`: input wait, compute and host gap in
-  ms by begin time; `util<N>`, `sm<N>`: a GPU's utilization and SM activity). A level-0 record covers `BLOCK` rows,
-  a level-k+1 record `FAN` level-k records; each keeps, per column, the row holding its minimum and the row holding
-  its maximum (time, key and all columns). A window reads the level whose record count fits the points shown, and a
-  one-sample spike is an extreme of its record at every level, so it is always drawn.
+  ms by begin time; `util<N>`, `sm<N>`: a GPU's utilization and SM activity). A level-0 record covers `BLOCK` rows
+  (steps: `STEPS_BLOCK`), a level-k+1 record `FAN` level-k records; each keeps, per column, the row holding its
+  minimum and the row holding its maximum (time, key and all columns). A window reads the level whose record count
+  fits the points shown, and a one-sample spike is an extreme of its record at every level, so it is always drawn.
 - `gaps.d<D>.c<C>.L<k>`, `phases.k<K>.L<k>`: interval coverage of one group (device and cause, phase kind): per
   record of `BLOCK` intervals (or `FAN` records), their count, first start, last start, last end and covered seconds.
 - `dir.docs`: the events holding a document or phases (`rows` 0, times 0), and `digest`: the run digest's records
@@ -48,6 +48,10 @@ from rnnmon.format.eventfile import EVENT_FILE_MARK
 
 INDEX_DIR = "rnnmon-index"
 BLOCK = 64  # rows per level-0 record
+# Steps: a level-0 record per 256 rows (64 until format version 4). A record keeps six whole rows (28 bytes each);
+# at 64 rows that was 3 bytes a step, more than the event file's own row; readers take any block (records say their
+# rows), and `/timeline` reads a steps window from its chunks for longer (indexed_timeline.RAW_STEP_CHUNKS).
+STEPS_BLOCK = 256
 FAN = 16  # level-k records per level-k+1 record
 DRAWN_TAGS = (schema.STEPS_TAG, schema.PHASES_TAG, schema.GAPS_TAG)  # and the util and stats tags of every GPU
 DOCUMENTS = "dir.docs"  # the events holding a document or phases (a summary reads them; `FileIndex` does not)
@@ -69,6 +73,11 @@ def point_dtype(columns: int) -> np.dtype:
 
 def columns_of(series: str) -> int:
     return 3 if series == "steps" else 1
+
+
+def block_of(series: str) -> int:
+    """Rows per level-0 record of `series` as this writer writes them."""
+    return STEPS_BLOCK if series == "steps" else BLOCK
 
 
 def dtype_of(name: str) -> np.dtype:

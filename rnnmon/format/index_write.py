@@ -24,6 +24,7 @@ from rnnmon.format.index import (
     DOCUMENTS,
     FAN,
     INTERVALS,
+    block_of,
     columns_of,
     dir_name,
     drawn,
@@ -49,7 +50,7 @@ def _spans(tag: str, rows: np.ndarray, used: np.ndarray, starts: np.ndarray) -> 
 
 # --- pyramids ----------------------------------------------------------------------------------------------
 class _Pyramid:
-    """The records one series emits as rows come: a level-0 record per BLOCK rows, one above per FAN records."""
+    """The records one series emits as rows come: a level-0 record per block of rows, one above per FAN records."""
 
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = dtype
@@ -73,24 +74,26 @@ class _Pyramid:
 class PointPyramid(_Pyramid):
     """Min/max records of a time-ordered series of `columns` values; `pending` holds rows not yet in a record."""
 
-    def __init__(self, columns: int) -> None:
+    def __init__(self, columns: int, block: int = BLOCK) -> None:
         super().__init__(point_dtype(columns))
         self.columns = columns
+        self.block = block  # rows per level-0 record
         self.pending = (np.empty(0), np.empty(0), np.empty((0, columns), dtype=np.float32))
 
     def add(self, time: np.ndarray, key: np.ndarray, values: np.ndarray) -> list[tuple[int, np.ndarray]]:
         time, key, values = (np.concatenate([old, new]) for old, new in zip(self.pending, (time, key, values)))
-        full = len(time) // BLOCK * BLOCK
+        block = self.block
+        full = len(time) // block * block
         self.pending = (time[full:], key[full:], values[full:])
         if not full:
             return []
         k = self.columns
-        records = np.zeros(full // BLOCK, dtype=self.dtype)
-        times = time[:full].reshape(-1, BLOCK)
-        records["rows"] = BLOCK
+        records = np.zeros(full // block, dtype=self.dtype)
+        times = time[:full].reshape(-1, block)
+        records["rows"] = block
         records["t_first"], records["t_last"] = times.min(axis=1), times.max(axis=1)
         records["time"], records["key"], records["values"] = _extremes(
-            times, key[:full].reshape(-1, BLOCK), values[:full].reshape(-1, BLOCK, k))
+            times, key[:full].reshape(-1, block), values[:full].reshape(-1, block, k))
         return self._emit(0, records)
 
     def _merge(self, groups: np.ndarray) -> np.ndarray:
@@ -194,7 +197,7 @@ class IndexBuilder:
             pyramid = self.series.get(name)
             if pyramid is None:
                 pyramid = self.series[name] = (IntervalPyramid() if len(parts) == 2
-                                               else PointPyramid(columns_of(name)))
+                                               else PointPyramid(columns_of(name), block_of(name)))
             for level, records in pyramid.add(*parts):
                 self._sink(f"{name}.L{level}", records)
 

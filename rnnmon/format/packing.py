@@ -9,7 +9,13 @@ little-endian blob, stored as a scalar `DT_STRING` tensor:
                         end, input_wait_ms, host_gap_ms, batches), the whole v1 row of each step the compact
                         row cannot carry; zlib-compressed (level 1) when that saves a tenth or more
 
-Times are integer microseconds from the anchor, durations integer microseconds. A steps row is 12 bytes
+Times are integer microseconds from the anchor, durations integer microseconds.
+
+Format version 4 writes the same rows column by column (magic b"rnm3"): the rows' bytes as byte planes (for each
+field in row order, its first byte of every row, then its second, ...), and a "t" column as each row's difference
+from the previous row's time (the first row's from the anchor), so a slowly changing column leaves runs of equal
+bytes that zlib shrinks; the exception rows follow unchanged. A steady step then costs about 4.6 bytes instead of
+6.7 after compression, a gap 3.3 instead of 6.8. Readers take both magics. A steps row is 12 bytes
 (duration, input wait, host gap: int32 µs, input wait −1 when not measured); the step number, epoch, batches,
 begin and end follow from the previous row (begin = previous end + host gap). A row where that does not hold
 (each chunk's first step, a new fit or epoch, a different batch count) is an exception. Other tables have no
@@ -42,7 +48,10 @@ import numpy as np
 
 from rnnmon.format import schema, series
 
-MAGIC = b"rnm2"
+MAGIC = b"rnm2"  # rows stored row by row (format versions 2 and 3)
+PLANES_MAGIC = b"rnm3"  # rows stored as byte planes, "t" as differences (format version 4)
+MAGICS = (MAGIC, PLANES_MAGIC)
+PLANES_VERSION = 4  # the format version from which writers write byte planes
 MAX_ROWS = 1 << 16  # rows in one chunk; the writer splits larger chunks
 _HEAD = struct.Struct("<4sB3xIId")
 _I32 = 2**31 - 1
@@ -156,15 +165,21 @@ def packable(tag: str) -> bool:
     return _layout(tag) is not None
 
 
-def encode(tag: str, rows: np.ndarray, layout: Layout | None = None) -> bytes | None:
+def is_packed(value: bytes) -> bool:
+    """Whether a string value starts as a packed chunk does (either magic)."""
+    return value[:4] in MAGICS
+
+
+def encode(tag: str, rows: np.ndarray, layout: Layout | None = None, *, planes: bool = True) -> bytes | None:
     """The chunk `rows` (float64, the layout's columns) packed for `tag` in `layout` (default: the declared one),
-    or None when it must stay a float64 table."""
+    or None when it must stay a float64 table. `planes`: byte planes (b"rnm3", format version 4), else row by row
+    (b"rnm2", as versions 2 and 3 wrote)."""
     rows = np.asarray(rows, dtype=np.float64)
     layout = layout or _layout(tag)
     if layout is None or rows.ndim != 2 or not 0 < len(rows) <= MAX_ROWS or rows.shape[1] != len(layout.columns):
         return None
     if layout.id == _STEPS_LAYOUT:
-        return _encode_steps(rows)
+        return _encode_steps(rows, planes)
     time_column = rows[:, layout.time]
     if not np.isfinite(time_column).all():
         return None
@@ -190,7 +205,7 @@ def encode(tag: str, rows: np.ndarray, layout: Layout | None = None) -> bytes | 
         if code in ("t", "d") and not (np.isfinite(stored).all() and stored.min() >= 0 and stored.max() <= _I32):
             return None
         out[f"c{i}"] = stored
-    return _pack(layout.id, len(rows), 0, anchor, out.tobytes())
+    return _pack(layout.id, len(rows), 0, anchor, out, b"", planes, layout.time)
 
 
 def decode(tag: str, blob: bytes, layout: Layout | None = None) -> np.ndarray:
@@ -244,8 +259,8 @@ def _unpack(tag: str, blob: bytes, layout: Layout | None) -> tuple[bytes, int, i
     if len(blob) < _HEAD.size:
         raise FormatError(f"packed chunk of {len(blob)} bytes is shorter than its header")
     magic, layout_id, rows, exceptions, anchor = _HEAD.unpack_from(blob)
-    if magic != MAGIC:
-        raise FormatError("packed chunk without the rnm2 magic")
+    if magic not in MAGICS:
+        raise FormatError("packed chunk without the rnm2 or rnm3 magic")
     if rows > MAX_ROWS or exceptions > rows or not math.isfinite(anchor):
         raise FormatError(f"packed chunk header claims {rows} rows, {exceptions} exceptions, anchor {anchor}")
     compressed, layout_id = layout_id & _ZLIB, layout_id & ~_ZLIB
@@ -268,7 +283,54 @@ def _unpack(tag: str, blob: bytes, layout: Layout | None) -> tuple[bytes, int, i
         body = bytes(blob[_HEAD.size:])
     if len(body) != expected:
         raise FormatError(f"packed chunk body of {len(body)} bytes where the header implies {expected}")
+    if magic == PLANES_MAGIC:
+        body = _from_planes(body, rows, layout)
     return body, rows, exceptions, anchor
+
+
+def _to_planes(packed: np.ndarray) -> bytes:
+    """Rows as byte planes: for each field, its first byte of every row, then its second, ..."""
+    raw = packed.view(np.uint8).reshape(len(packed), packed.dtype.itemsize)
+    fields = packed.dtype.fields
+    return b"".join(raw[:, fields[name][1]:fields[name][1] + fields[name][0].itemsize].T.tobytes()
+                    for name in packed.dtype.names)
+
+
+@functools.lru_cache(maxsize=64)
+def _plane_order(layout: Layout, rows: int) -> np.ndarray:
+    """For each byte of `rows` packed rows in `layout`, where the byte-planes body holds it."""
+    dtype = layout.dtype
+    order = np.empty((rows, dtype.itemsize), dtype=np.int32)
+    read = 0
+    for name in dtype.names:
+        size, at = dtype[name].itemsize, dtype.fields[name][1]
+        order[:, at:at + size] = (read + np.arange(size * rows, dtype=np.int32).reshape(size, rows)).T
+        read += rows * size
+    return order.reshape(-1)
+
+
+def _from_planes(body: bytes, rows: int, layout: Layout) -> bytes:
+    """The row-by-row body of a byte-planes chunk (times summed back from their differences)."""
+    dtype = layout.dtype
+    read = rows * dtype.itemsize
+    planes = np.frombuffer(body, np.uint8, read)
+    if rows <= 1024:  # the usual chunk: one gather through a cached order
+        out = planes[_plane_order(layout, rows)].view(dtype)
+    else:
+        out = np.empty(rows, dtype=dtype)
+        raw = out.view(np.uint8).reshape(rows, dtype.itemsize)
+        at_plane = 0
+        for name in dtype.names:
+            size, at = dtype[name].itemsize, dtype.fields[name][1]
+            raw[:, at:at + size] = planes[at_plane:at_plane + rows * size].reshape(size, rows).T
+            at_plane += rows * size
+    if layout.id != _STEPS_LAYOUT:
+        field = f"c{layout.time}"
+        time_us = np.cumsum(out[field], dtype=np.int64)
+        if len(time_us) and (time_us.min() < 0 or time_us.max() > _I32):
+            raise FormatError("packed chunk whose time differences add up beyond int32 microseconds")
+        out[field] = time_us
+    return out.tobytes() + body[read:]
 
 
 def _rebuild(layout: Layout, parts: list[tuple[int, bytes, int, int, float]]) -> np.ndarray:
@@ -292,7 +354,7 @@ def _rebuild(layout: Layout, parts: list[tuple[int, bytes, int, int, float]]) ->
     return table
 
 
-def _encode_steps(rows: np.ndarray) -> bytes | None:
+def _encode_steps(rows: np.ndarray, planes: bool) -> bytes | None:
     step, epoch, begin, end, wait_ms, gap_ms, batches = rows.T
     if not (np.isfinite(begin).all() and np.isfinite(end).all()):
         return None
@@ -312,15 +374,28 @@ def _encode_steps(rows: np.ndarray) -> bytes | None:
     compact["host_gap_us"] = np.where(regular, gap, 0)
     irregular = np.flatnonzero(~regular)
     exceptions = np.column_stack([irregular, rows[irregular]]).astype("<f8")
-    return _pack(_STEPS_LAYOUT, len(rows), len(irregular), anchor, compact.tobytes() + exceptions.tobytes())
+    return _pack(_STEPS_LAYOUT, len(rows), len(irregular), anchor, compact, exceptions.tobytes(), planes)
 
 
-def _pack(layout_id: int, rows: int, exceptions: int, anchor: float, body: bytes) -> bytes:
+def _pack(layout_id: int, rows: int, exceptions: int, anchor: float, packed: np.ndarray, extra: bytes,
+          planes: bool, time: int | None = None) -> bytes:
+    """Header and body of a chunk, the smaller of: the packed rows row by row (b"rnm2"), and with `planes`, as byte
+    planes with the time column `c<time>` as differences (b"rnm3"); then `extra` (the exception rows)."""
+    chunks = [_packed(MAGIC, layout_id, rows, exceptions, anchor, packed.tobytes() + extra)]
+    if planes:  # whichever is smaller: planes pay off from a few dozen rows, not on a poll's few
+        if time is not None:
+            packed = packed.copy()
+            packed[f"c{time}"] = np.diff(packed[f"c{time}"], prepend=0)
+        chunks.append(_packed(PLANES_MAGIC, layout_id, rows, exceptions, anchor, _to_planes(packed) + extra))
+    return min(chunks, key=len)
+
+
+def _packed(magic: bytes, layout_id: int, rows: int, exceptions: int, anchor: float, body: bytes) -> bytes:
     if len(body) >= _MIN_COMPRESS_BYTES:
         compressed = zlib.compress(body, 1)
         if len(compressed) <= 0.9 * len(body):
-            return _HEAD.pack(MAGIC, layout_id | _ZLIB, rows, exceptions, anchor) + compressed
-    return _HEAD.pack(MAGIC, layout_id, rows, exceptions, anchor) + body
+            return _HEAD.pack(magic, layout_id | _ZLIB, rows, exceptions, anchor) + compressed
+    return _HEAD.pack(magic, layout_id, rows, exceptions, anchor) + body
 
 
 def _rebuild_steps(parts: list[tuple[int, bytes, int, int, float]], counts: np.ndarray) -> np.ndarray:

@@ -371,7 +371,7 @@ class RunReader:
                 raise InvalidRecord("not a device tag (expected a GPU index after 'gpu')")
             stored = self._stored.get(tag) or stored_as(tag, {})
             if isinstance(value, bytes):
-                if value[:4] != packing.MAGIC:
+                if not packing.is_packed(value):
                     raise InvalidRecord("a string where a table belongs")
                 if stored.problem:
                     raise InvalidRecord(stored.problem)

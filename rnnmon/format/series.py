@@ -150,7 +150,7 @@ GAPS = Table(GAPS_TAG, 2, ROWS_CODEC, (
            exported=("rnnmon_gpu_idle_seconds_total",)),
 ))
 
-FORMAT_VERSION = 3  # 3: each table tag's metadata names its columns' storage codes and its layout id
+FORMAT_VERSION = 4  # 3: metadata names storage codes and layout id; 4: chunks as byte planes (b"rnm3")
 FORMAT = Format(FORMAT_VERSION, (STEPS, PHASES, UTIL, STATS, HOST, GAPS))
 
 

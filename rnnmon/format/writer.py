@@ -76,7 +76,8 @@ class SummaryWriter:
                 self.table(tag, array[first:first + packing.MAX_ROWS], **extra)
             return
         layout = packing.layout_of(tag, self.format)
-        packed = packing.encode(tag, array, layout) if layout is not None else None
+        packed = (packing.encode(tag, array, layout, planes=self.format.version >= packing.PLANES_VERSION)
+                  if layout is not None else None)
         if packed is not None:
             proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[packed])
         else:  # version 1's float64 table: phases, and chunks a packed layout cannot hold

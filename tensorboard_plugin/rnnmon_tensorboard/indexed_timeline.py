@@ -1,7 +1,8 @@
 """`/timeline` answered from a run's reading index (`rnnmon.format.index`): the cost is the points shown.
 
 `IndexedTimeline(run, run_dir, gpus).view(start, end, points)` answers as `TimelineIndex.view` does, reading:
-- a window whose chunks hold at most `RAW_ROWS` rows of a series (in at most `RAW_CHUNKS` chunks): those chunks
+- a window whose chunks hold at most `RAW_ROWS` rows of a series (in at most `RAW_CHUNKS` chunks, steps
+  `RAW_STEP_CHUNKS`): those chunks
   from the event file, each checked against the index, then min/max bucketing as for a whole run: exact;
 - a longer one: the coarsest pyramid level with at least `RECORDS_PER_BUCKET` records per bucket (finer levels
   past its last record, and the rows not in a record yet), whose extreme rows are the candidates of min/max
@@ -34,6 +35,7 @@ from .downsample import IntervalCoverage, minmax_indices
 
 RAW_ROWS = 65536  # rows of a series read straight from its chunks for one window
 RAW_CHUNKS = 64  # chunks read for one series and window at most
+RAW_STEP_CHUNKS = 256  # for steps, whose level-0 records are 4 times longer (index.STEPS_BLOCK)
 RECORDS_PER_BUCKET = 1  # a point series' level: the coarsest with at least this many records per bucket (1 to 16)
 COVERAGE_PER_BUCKET = 4  # an interval group's level: the same, for coverage records (spread over their span)
 PHASE_LIMIT = 100
@@ -116,7 +118,7 @@ class IndexedTimeline:
         """(rows in the window, whether thinned, and the rows drawn: time, key, values) of a point series."""
         lo, hi, _ = window
         columns = 3 if series == "steps" else 1
-        rows, found = self.index.chunks(series, lo, hi, RAW_CHUNKS)
+        rows, found = self.index.chunks(series, lo, hi, RAW_STEP_CHUNKS if series == "steps" else RAW_CHUNKS)
         if 0 <= rows <= RAW_ROWS:
             parts = [p for fi, entry in found for name, p in series_of(_tag(series), fi.read(entry, series))
                      if name == series]

@@ -20,7 +20,7 @@ from rnnmon.format.reader import RunReader
 from rnnmon.format.writer import SummaryWriter
 from tests.synthetic_runs import write_gpu_run
 
-CHUNKS, PER_CHUNK = 100, 40  # 4000 steps in 100 chunks: past the chunks a window reads raw, so the pyramid draws
+CHUNKS, PER_CHUNK = 300, 60  # 18,000 steps in 300 chunks: past the chunks a window reads raw, so the pyramid draws
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_the_writer_writes_an_index_beside_each_event_file_that_tensorboard_does
     assert not any(index.EVENT_FILE_MARK in name for root, _, files in os.walk(written) for name in files
                    if root != written)
     steps = np.fromfile(os.path.join(folder, "steps.L0"), dtype=index.point_dtype(3))
-    assert len(steps) == (CHUNKS * PER_CHUNK - 1) // index.BLOCK and index.intact(steps)
+    assert len(steps) == (CHUNKS * PER_CHUNK - 1) // index.STEPS_BLOCK and index.intact(steps)
 
 
 def test_a_long_window_is_drawn_from_the_pyramid_with_every_extreme(written):
@@ -298,8 +298,8 @@ def test_a_lost_or_lagging_index_file_is_drawn_from_the_event_file_beyond_it(wri
     if lost == "lagging steps":  # the steps files as the writer left them after chunk 50 of 100
         rows = 50 * PER_CHUNK - 1  # the fit's first step is its warm-up: no pyramid row
         _truncate_records(os.path.join(folder, "dir.steps"), 50)
-        _truncate_records(os.path.join(folder, "steps.L0"), rows // index.BLOCK)
-        _truncate_records(os.path.join(folder, "steps.L1"), rows // index.BLOCK // index.FAN)
+        _truncate_records(os.path.join(folder, "steps.L0"), rows // index.STEPS_BLOCK)
+        _truncate_records(os.path.join(folder, "steps.L1"), rows // index.STEPS_BLOCK // index.FAN)
     elif lost == "lagging dir.steps":  # its pyramid ahead of it: only the records it covers are read
         _truncate_records(os.path.join(folder, "dir.steps"), 50)
     else:

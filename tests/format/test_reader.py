@@ -293,9 +293,13 @@ def _steps_row_by_row(blob: bytes) -> np.ndarray:
     import struct
     import zlib
 
-    _, layout, rows, exceptions, _ = struct.unpack_from("<4sB3xIId", blob)
+    magic, layout, rows, exceptions, _ = struct.unpack_from("<4sB3xIId", blob)
     body = zlib.decompress(blob[24:]) if layout & 0x80 else blob[24:]
-    compact = np.frombuffer(body[: 12 * rows], dtype="<i4").reshape(rows, 3)
+    if magic == b"rnm3":  # byte planes: field f's byte b of row r at (4f + b) * rows + r
+        planes = np.frombuffer(body[: 12 * rows], dtype=np.uint8).reshape(3, 4, rows)
+        compact = np.ascontiguousarray(planes.transpose(2, 0, 1)).view("<i4").reshape(rows, 3)
+    else:
+        compact = np.frombuffer(body[: 12 * rows], dtype="<i4").reshape(rows, 3)
     whole = dict(zip(*(lambda e: (e[:, 0].astype(int), e[:, 1:]))(
         np.frombuffer(body[12 * rows:], dtype="<f8").reshape(exceptions, 8))))
     out, base, since_us = [], None, 0

@@ -61,7 +61,7 @@ def test_every_table_derives_from_its_declaration():
         tag = f"{table.tag}0" if table.per_device else table.tag
         content = schema.parse_content(schema.tensor_metadata(tag).plugin_data.content)
         assert schema.columns_for(tag) == table.columns and content["columns"] == list(table.columns)
-        assert content["version"] == schema.FORMAT_VERSION == 3
+        assert content["version"] == schema.FORMAT_VERSION == 4
         if table.codec == series.ROWS_CODEC:  # what a reader needs to decode a layout it did not compile in
             assert content["storage"] == list(table.storage) and content["layout"] == table.layout
             assert packing.layout_of(tag) == packing.Layout(table.layout, table.columns, table.storage)
@@ -125,14 +125,14 @@ def test_an_older_version_2_file_without_a_column_reads_it_as_missing(tmp_path):
 
 
 def test_a_newer_format_version_is_one_note_and_reads_by_name(tmp_path):
-    newer = series.FORMAT.with_series(series.STATS_PREFIX, FAN, version=4)
+    newer = series.FORMAT.with_series(series.STATS_PREFIX, FAN, version=schema.FORMAT_VERSION + 1)
     rows = _stats(40, newer.tables[3].columns)
     _write(tmp_path, newer, rows, devices=2)
     _write(tmp_path, newer, rows)  # a second file in the run's folder: still one note
     for run in _both_ways(tmp_path):
         assert run.errors == [] and sorted(run.stats) == [0, 1]
         np.testing.assert_array_equal(run.stats[1][:, 1:], rows[:, 1:-1])
-        versions = [note for note in run.notes if "format version 4" in note]
+        versions = [note for note in run.notes if f"format version {schema.FORMAT_VERSION + 1}" in note]
         assert len(versions) == 1, run.notes
 
 

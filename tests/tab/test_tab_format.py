@@ -31,9 +31,9 @@ def _client(logdir) -> werkzeug_test.Client:
 
 def test_a_newer_writers_run_is_drawn_with_a_note_and_no_error(tmp_path):
     fan = series.Series("fan_speed_pct", "%", "u1", "nvmlDeviceGetFanSpeed")
-    newer = series.FORMAT.with_series(series.STATS_PREFIX, fan, version=4)
+    newer = series.FORMAT.with_series(series.STATS_PREFIX, fan, version=schema.FORMAT_VERSION + 1)
     writer = SummaryWriter(str(tmp_path / "newer" / "rnnmon"), newer)
-    writer.json(schema.RUN_TAG, {"version": 4, "status": "finished", "start": T0, "end": T0 + 10, "pid": 1})
+    writer.json(schema.RUN_TAG, {"version": newer.version, "status": "finished", "start": T0, "end": T0 + 10, "pid": 1})
     steps = np.array([[i + 1, 0, T0 + i * 0.1, T0 + i * 0.1 + 0.08, 1.0, 20.0, 1] for i in range(50)])
     steps[0, 5] = np.nan
     writer.table(schema.STEPS_TAG, steps)
@@ -48,7 +48,7 @@ def test_a_newer_writers_run_is_drawn_with_a_note_and_no_error(tmp_path):
     client = _client(tmp_path)
     runs = {run["run"]: run for run in client.get(ROUTE + "runs").get_json()["runs"]}
     assert runs["newer/rnnmon"]["errors"] == []
-    assert any("format version 4" in note for note in runs["newer/rnnmon"]["notes"])
+    assert any(f"format version {newer.version}" in note for note in runs["newer/rnnmon"]["notes"])
     summary = client.get(ROUTE + "summary?run=newer/rnnmon").get_json()
     assert summary["errors"] == [] and summary["steps"] == 50
     assert any("fan_speed_pct" in note for note in summary["notes"])
