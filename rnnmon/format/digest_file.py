@@ -97,6 +97,33 @@ class DigestWriter:
         self._size += len(data)
 
 
+def covered_through(folder: str, event_size: int) -> int:
+    """The bytes of events the index in `folder` is whole through, by its digest's last record: the writer appends
+    every chunk directory and pyramid record of a flush before the digest record sealed in it (and the uploader
+    uploads the digest after them), so every series' directory lists each chunk of that series below `through`.
+    Read from the records' headers and the last record's checksum; 0 where the digest says nothing sure."""
+    try:
+        fd = open_regular(os.path.join(folder, DIGEST_FILE))
+    except OSError:
+        return 0
+    with os.fdopen(fd, "rb") as file:
+        size, at, last = os.fstat(fd).st_size, 0, None
+        while at + _HEADER.size <= size:
+            file.seek(at)
+            through, length, _ = _HEADER.unpack(file.read(_HEADER.size))
+            if length > MAX_RECORD_BYTES or at + _HEADER.size + length > size:
+                break
+            last, at = at, at + _HEADER.size + length
+        if last is None:
+            return 0
+        file.seek(last)
+        header = file.read(_HEADER.size)
+        through, length, crc = _HEADER.unpack(header)
+        payload = file.read(length)
+    intact = zlib.crc32(payload, zlib.crc32(header[:12])) == crc
+    return through if intact and through <= event_size else 0
+
+
 def read_records(folder: str, event_size: int, at: int = 0, through: int = 0) -> tuple[RunDigest | None, int, int]:
     """The digest records in the index `folder` of an event file of `event_size` bytes from byte `at` of the digest
     file (0: all; a kept reader passes where the last call stopped, and the `through` it reached), merged; the

@@ -25,6 +25,7 @@ import numpy as np
 
 from rnnmon.format import schema
 from rnnmon.format.decode import InvalidRecord, Stored, decode_chunks, marked_event, raw_value, stored_by
+from rnnmon.format.digest_file import covered_through
 from rnnmon.format.eventfile import TAIL_GRACE_S, RecordCursor, masked_crc32c, open_regular, truncated_at
 from rnnmon.format.index import (
     DIRECTORY,
@@ -153,8 +154,10 @@ class FileIndex:
         """Map the index files (whole records only), check them against the event file, read the rows after
         each series' last level-0 record. Each series is read from the index as far as its chunk directory
         reaches, and from the event file after that: the scan starts at the directory that reaches least (a
-        lagging file: an upload pass that failed midway); a series whose directory is lost is read from the event
-        file whole (its pyramid set aside, with a note)."""
+        lagging file: an upload pass that failed midway), or where the digest's last record says every directory
+        is whole (`covered_through`), whichever is later: a series that simply stopped (the warm-up phase, a gap
+        cause seen early) ends its directory early, and a scan from there read every such run whole. A series
+        whose directory is lost is read from the event file whole (its pyramid set aside, with a note)."""
         arrays: dict[str, np.ndarray] = {}
         for name, size in self._disk_version or ():
             count = size // dtype_of(name).itemsize
@@ -195,7 +198,9 @@ class FileIndex:
             if name.startswith("dir."):
                 part.rest[name[4:]] = self._rest_of(part, name[4:])
         self.disk = part
-        self._restart(0 if lost else min(reach.values(), default=0), reach)
+        start = min(reach.values(), default=0)
+        whole_through = covered_through(self.folder, event_size) if reach else 0  # the digest's last record
+        self._restart(0 if lost else max(start, min(whole_through, end)), reach)
 
     def _rest_of(self, part: Part, series: str) -> tuple[np.ndarray, ...]:
         """The rows of `series` after its last level-0 record, read from the chunks its directory names."""

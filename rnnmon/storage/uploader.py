@@ -5,9 +5,10 @@ puts whole files beside each other under the remote run folder: every file of th
 other file written there: profiles, reading indexes), each whole, once it changed, in passes at most once per
 `interval_s` (the growing event file is re-put at that bounded rate; a finished segment is put once more after
 its last write). A run's reading index (`rnnmon-index/`) goes with every `INDEX_EVERY`-th pass and the last,
-before the event files, so the bucket's index never names events its copy of the event file lacks; readers read
-the events after it from the event file. Training never waits for it: each request has a deadline (`remote.TIMEOUT_S`),
-and each put one in all (`remote.bounded`: a request that outlasts its own deadline is given up).
+before the event files and its digest after its other files, so the bucket's index never names events its copy
+of the event file lacks; readers read the events after it from the event file. Training never waits for it: each
+request has a deadline (`remote.TIMEOUT_S`), and each put one in all (`remote.bounded`: a request that outlasts
+its own deadline is given up).
 
 A failure (network down, throttled bucket, expired token) logs one warning, then the pass is retried with
 backoff (up to `MAX_BACKOFF_S`); the files stay in the staging folder, so nothing written is lost. The next good
@@ -33,6 +34,7 @@ import threading
 import time
 from typing import Any
 
+from rnnmon.format.digest_file import DIGEST_FILE
 from rnnmon.format.eventfile import NotRegularFileError, open_regular
 from rnnmon.format.index import INDEX_DIR
 from rnnmon.storage import remote
@@ -185,8 +187,10 @@ class Uploader:
                         self._refuse(path)
                         continue
                     found.append((st.st_mtime_ns, os.path.relpath(path, self.local_dir), st.st_size))
-        return [(rel, (size, mtime)) for _, mtime, rel, size in sorted((not _in_index(rel), mtime, rel, size)
-                                                                     for mtime, rel, size in found)]
+        # the index's files, its digest last (its last record says how far every directory put before it is
+        # whole: rnnmon.format.digest_file.covered_through), then the rest, each group oldest first
+        return [(rel, (size, mtime)) for *_, mtime, rel, size in sorted(
+            (not _in_index(rel), os.path.basename(rel) == DIGEST_FILE, mtime, rel, size) for mtime, rel, size in found)]
 
     def _refuse(self, path: str) -> None:
         if path not in self._refused:
