@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -106,6 +107,53 @@ def stalled_dataset(batches: int, stall_s: float | Callable[[int], float] = 0.0,
         options.autotune.enabled = False
         dataset = dataset.with_options(options)
     return dataset
+
+
+@pytest.fixture(scope="session")
+def traced_model():
+    """A `tiny_model()` whose train function is traced, shared by the session: a fit of it costs about 0.1 s of CPU
+    where a fresh model's first costs 1.3-1.5 s. For tests whose check is not about a fit's first step (its trace)
+    or the model's weights: it trains on in every test that uses it."""
+    model = tiny_model(seed=7)
+    model.fit(stalled_dataset(2), epochs=1, verbose=0)
+    return model
+
+
+def _idle_every_second(t: float) -> float:
+    """A fake GPU's utilization: idle the first third of every second, 90% busy the rest."""
+    return 0.0 if t % 1.0 < 0.35 else 90.0
+
+
+@pytest.fixture(scope="session")
+def recorded_runs(tmp_path_factory) -> pathlib.Path:
+    """Real fits recorded once a session, for the tests that read runs rather than record them.
+
+    Copy the runs a test needs into its own log directory (`shutil.copytree`); never write here. One model makes
+    them all, so its train function is traced once (a fresh model costs 1.3-1.5 s of CPU for tracing, a fit of a
+    traced one 0.1 s):
+    - `cpu_fit`: its first fit, without NVML: 30 steps (the first traces: the warm-up), each batch 20 ms late in a
+      pipeline without prefetch, so input-bound;
+    - `short`: 5 more steps of it without NVML, too few for a verdict;
+    - `gpu_fit`: 40 steps on a fake GPU that idles a third of every second, each batch 30 ms late;
+    - `no_gpm_fit`: 12 steps on a fake GPU without GPM, as every card before Hopper.
+    """
+    from fake_nvml import FakeGpu, FakeNvmlLib, installed, library_missing
+
+    from rnnmon import UtilizationMonitor
+
+    root = tmp_path_factory.mktemp("recorded")
+    model = tiny_model()
+    with library_missing():
+        model.fit(stalled_dataset(30, 0.02, prefetch="none"), epochs=1, verbose=0,
+                  callbacks=[UtilizationMonitor(str(root / "cpu_fit"))])
+        model.fit(stalled_dataset(5), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(root / "short"))])
+    with installed(FakeNvmlLib([FakeGpu(utilization=_idle_every_second, pids=[os.getpid()])])):
+        model.fit(stalled_dataset(40, 0.03), epochs=1, verbose=0,
+                  callbacks=[UtilizationMonitor(str(root / "gpu_fit"), sample_interval_s=0.1)])
+    with installed(FakeNvmlLib([FakeGpu(gpm_supported=False, pids=[os.getpid()])])):
+        model.fit(stalled_dataset(12, 0.02), epochs=1, verbose=0,
+                  callbacks=[UtilizationMonitor(str(root / "no_gpm_fit"), sample_interval_s=0.1)])
+    return root
 
 
 @pytest.fixture

@@ -3,14 +3,16 @@
 A worker's figures are what the straggler search compares (`rnnmon.analysis.worker_figures`: a summary's figures,
 from its steps, phases and GPU samples alone; its other tables are not read). A worker is read once per version of
 its data (its event files' names, sizes and times, or the provider's tags); `/workers` then reads again only the
-workers that changed, and answers from the job's last answer when none did. The worker x time view bins each
-worker's steps into FINE_BINS over its own span when it is read; the job's view sums those into HEAT_BINS columns
-over the span of all workers, so no worker's tables are kept.
+workers that changed, and answers from the job's last answer when none did: a job is kept in a `RunCache` (`Job`),
+its version the list of its workers' versions. The worker x time view bins each worker's steps into FINE_BINS over
+its own span when it is read; the job's view sums those into HEAT_BINS columns over the span of all workers, so no
+worker's tables are kept.
 
 Example:
     >>> entry = worker_entry(version, worker_reader(run).update_from_files(run_dir))   # once per version
     >>> heatmap([("worker-0", entry.bins), ("worker-1", other)])["wait_share"][1]
     [0.21, 0.19, ...]
+    >>> job_answer("job", [("worker-0", "job/worker-0/rnnmon"), ...], entries)["straggler"]
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from rnnmon.analysis.stragglers import compare_workers
 from rnnmon.analysis.worker_figures import READ_TAG_PREFIXES, READ_TAGS, worker_figures
 from rnnmon.format import schema
 from rnnmon.format.reader import RunData, RunReader
+
+from .run_cache import Kept
 
 FINE_BINS = 240  # per worker, over its own first to last step
 HEAT_BINS = 60  # columns of the job's worker x time view
@@ -59,6 +64,38 @@ def worker_reader(run: str) -> RunReader:
 def worker_entry(version: Any, data: RunData) -> WorkerEntry:
     """The entry of a worker's readable `data` at `version`."""
     return WorkerEntry(version, worker_figures(data), step_bins(data.steps))
+
+
+@dataclasses.dataclass
+class Job(Kept):
+    """/workers' last answer for a multi-worker job and each worker's entry, kept while no worker changed."""
+
+    answer: dict[str, Any] | None = None
+    workers: dict[str, WorkerEntry] = dataclasses.field(default_factory=dict)
+
+
+def job_answer(job: str, siblings: list[tuple[str, str]], entries: dict[str, WorkerEntry]) -> dict[str, Any]:
+    """/workers' answer for a job from its workers' entries (`siblings`: (worker, run) in index order)."""
+    figures, left_out = [], []
+    for worker, name in siblings:
+        entry = entries[name]
+        if entry.figures is None:
+            left_out.append({"worker": worker, "run": name, "reason": entry.reason})
+            continue
+        if not entry.figures["judged"]:  # compare_workers leaves it out
+            left_out.append({"worker": worker, "run": name, "reason": "too few steps to compare"})
+        figures.append(entry.figures)
+    groups = compare_workers(figures)
+    group = groups[0] if groups else {"job": job, "workers": [], "findings": []}
+    straggler = next((f["where"] for f in group["findings"] if f["code"] == "STRAGGLER"), None)
+
+    def first(row: dict[str, Any]) -> tuple[bool, float]:  # the straggler, then the longest stall per step
+        return row["worker"] != straggler, -((row["input_wait_ms"] or 0.0) + row["host_gap_ms"])
+
+    # `order`: the row's place by worker (worker-2 before worker-10), for the tab's sort by that column
+    workers = sorted(({**row, "order": order} for order, row in enumerate(group["workers"])), key=first)
+    bins = [(worker, entries[name].bins) for worker, name in siblings if entries[name].figures is not None]
+    return {**group, "workers": workers, "straggler": straggler, "left_out": left_out, "heatmap": heatmap(bins)}
 
 
 def step_bins(steps: np.ndarray) -> StepBins | None:

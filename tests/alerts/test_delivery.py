@@ -167,9 +167,9 @@ def test_thresholds_file_reaches_a_running_fit(tmp_path, caplog):
     assert json.loads((tmp_path / THRESHOLDS_FILE).read_text())["gpu_util_low"]["pct"] == 80.0
 
 
-def test_run_description_records_the_thresholds_in_effect(tmp_path):
+def test_run_description_records_the_thresholds_in_effect(tmp_path, traced_model):
     custom = {"gpu_util_low": {"pct": 12.0, "resolve_pct": 30.0, "for_s": 5.0}}
-    tiny_model().fit(stalled_dataset(12), epochs=1, verbose=0,
+    traced_model.fit(stalled_dataset(12), epochs=1, verbose=0,
                      callbacks=[UtilizationMonitor(str(tmp_path), thresholds=custom, audit=False)])
     info = read_run(str(tmp_path)).info
     assert info["thresholds_source"] == "callback" and info["thresholds"]["gpu_util_low"]["pct"] == 12.0

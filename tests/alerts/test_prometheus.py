@@ -85,14 +85,14 @@ def test_endpoint_during_a_fit_has_every_documented_name_and_counters_grow(tmp_p
     assert read_run(str(tmp_path)).steps.shape[0] == 200  # the run is written as without the exporter
 
 
-def test_port_in_use_is_one_error_line_and_training_goes_on(tmp_path, caplog):
+def test_port_in_use_is_one_error_line_and_training_goes_on(tmp_path, caplog, traced_model):
     caplog.set_level(logging.INFO, logger="rnnmon")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         monitor = UtilizationMonitor(str(tmp_path), prometheus_port=port)
-        tiny_model().fit(stalled_dataset(20), epochs=1, verbose=0, callbacks=[monitor])
+        traced_model.fit(stalled_dataset(20), epochs=1, verbose=0, callbacks=[monitor])
     errors = [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelno >= logging.ERROR]
     assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0] and "unexported" in errors[0], errors
     assert monitor.prometheus_port is None

@@ -148,14 +148,14 @@ def test_world_writable_folder_is_not_searched(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("no_nvml")
-def test_a_bad_file_is_one_warning_and_the_thresholds_in_force_stay(tmp_path, caplog):
-    from conftest import read_run, stalled_dataset, tiny_model
+def test_a_bad_file_is_one_warning_and_the_thresholds_in_force_stay(tmp_path, caplog, traced_model):
+    from conftest import read_run, stalled_dataset
 
     from rnnmon import UtilizationMonitor
 
     (tmp_path / THRESHOLDS_FILE).write_text('{"gpu_util_low": {"pct": 1' + "0" * 400 + "}}")  # OverflowError
     custom = {"gpu_util_low": {"pct": 12.0, "resolve_pct": 30.0, "for_s": 5.0}}
-    tiny_model().fit(stalled_dataset(12), epochs=1, verbose=0,
+    traced_model.fit(stalled_dataset(12), epochs=1, verbose=0,
                      callbacks=[UtilizationMonitor(str(tmp_path), thresholds=custom, audit=False)])
     warnings = [r.getMessage() for r in caplog.records if r.name == "rnnmon" and r.levelname == "WARNING"
                 and "thresholds file" in r.getMessage()]

@@ -86,8 +86,8 @@ def test_eval_idle_when_the_gpu_waits_through_validation(tmp_path, idle_during_e
     assert ("EVAL_IDLE" in codes) is idle_during_eval
 
 
-def test_tensorflow_without_gpu_support_is_flagged_when_nvml_sees_a_gpu(tmp_path):
-    codes, summary = _codes(tmp_path, {"x": _fast_data(12)}, gpu=FakeGpu())
+def test_tensorflow_without_gpu_support_is_flagged_when_nvml_sees_a_gpu(tmp_path, traced_model):
+    codes, summary = _codes(tmp_path, {"x": _fast_data(12)}, gpu=FakeGpu(), model=traced_model)
     assert "TF_NO_GPU" in codes  # this test suite runs tensorflow-cpu
     assert next(f for f in summary["findings"] if f["code"] == "TF_NO_GPU")["severity"] == "critical"
 

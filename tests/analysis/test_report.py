@@ -11,23 +11,18 @@ import sys
 import tempfile
 
 import pytest
-from conftest import stalled_dataset, tiny_model
-
-from rnnmon import UtilizationMonitor
 
 TOP_KEYS = {"run", "backend", "steps", "wall_s", "step_ms", "input_wait_ms", "input_wait_fraction",
             "host_gap_fraction", "gpus", "idle_gaps", "verdict", "findings", "alerts"}
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
-    from fake_nvml import library_missing
-
+def logdir(tmp_path_factory, recorded_runs):
+    """Two real fits without NVML (see `recorded_runs`): `slow`, input-bound (each batch 20 ms late, no prefetch),
+    and `short`, 5 steps."""
     root = tmp_path_factory.mktemp("logs")
-    with library_missing():
-        tiny_model().fit(stalled_dataset(30, 0.02, prefetch="none"), epochs=1, verbose=0,
-                         callbacks=[UtilizationMonitor(str(root / "slow"))])
-        tiny_model().fit(stalled_dataset(5), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(root / "short"))])
+    shutil.copytree(recorded_runs / "cpu_fit", root / "slow")
+    shutil.copytree(recorded_runs / "short", root / "short")
     return root
 
 

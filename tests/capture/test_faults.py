@@ -180,7 +180,7 @@ def test_deleted_log_dir_is_recreated_with_a_warning(tmp_path, caplog):
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_second_writer_of_a_run_is_refused_and_trains_unmonitored(tmp_path, caplog):
+def test_second_writer_of_a_run_is_refused_and_trains_unmonitored(tmp_path, caplog, traced_model):
     run_dir = tmp_path / "exp" / "rnnmon"
     run_dir.mkdir(parents=True)
     holder = subprocess.Popen([sys.executable, "-c", (
@@ -190,7 +190,7 @@ def test_second_writer_of_a_run_is_refused_and_trains_unmonitored(tmp_path, capl
         "print('locked', flush=True); time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        model = tiny_model()
+        model = traced_model
         history = model.fit(stalled_dataset(10), epochs=1, verbose=0,
                             callbacks=[UtilizationMonitor(str(tmp_path / "exp"))])
         assert len(history.history["loss"]) == 1

@@ -4,7 +4,9 @@ the run a fit makes: steps, input wait, phases, the verdict, findings and the fi
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import read_run
+from conftest import TESTS, read_run
 
 import rnnmon
 from rnnmon.analysis.summary import summarize
@@ -392,3 +394,44 @@ def test_an_exception_mid_loop_ends_the_run_failed_on_other_backends(tmp_path, b
     assert result.returncode == 1 and "the loss went NaN" in result.stderr, result.stderr[-2000:]
     summary = summarize(read_run(str(tmp_path)))
     assert summary["status"] == "failed" and summary["steps"] == 12, (summary["status"], summary["steps"])
+
+
+TORCH_GLOO = """
+import torch.distributed
+torch.distributed.init_process_group("gloo")  # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR/PORT
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_two_processes_of_a_loop_write_a_worker_folder_each(tmp_path, backend):
+    """TF_CONFIG's task (TensorFlow) and torchrun's RANK (torch, with a gloo group) name each process's folder, as
+    they do for a fit; process 1 waits 10 ms a batch for its input and its run says so."""
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cluster = {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]}
+    workers = []
+    for index in (0, 1):
+        script = BACKEND_LOOP.format(sleep_s=0.01 * index, logdir=str(tmp_path), layer="keras.layers.LSTM(8)",
+                                     loop=(TORCH_GLOO + TORCH_LOOP).format(batches=10)) if backend == "torch" else (
+            f"import sys; sys.path[:0] = [{TESTS!r}, {os.path.dirname(__file__)!r}]\n"
+            f"from test_loop import tape_loop\ntape_loop({str(tmp_path)!r}, 10, {0.01 * index})")
+        env = {**os.environ, "KERAS_BACKEND": backend, "RANK": str(index), "LOCAL_RANK": str(index),
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if backend == "torch" else {
+               **os.environ, "KERAS_BACKEND": backend,
+               "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        workers.append(subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True))
+    try:
+        errors = [worker.communicate(timeout=300)[1] for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+    assert [w.returncode for w in workers] == [0, 0], [e[-2000:] for e in errors]
+    assert sorted(os.listdir(tmp_path)) == ["worker-0", "worker-1"]
+    runs = {name: summarize(read_run(str(tmp_path / name))) for name in ("worker-0", "worker-1")}
+    assert all(s["status"] == "finished" and s["steps"] == 20 for s in runs.values()), runs
+    assert runs["worker-1"]["input_wait_ms"]["median"] > 8 > runs["worker-0"]["input_wait_ms"]["median"]

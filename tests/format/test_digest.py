@@ -41,16 +41,9 @@ def long_run(tmp_path_factory):
 
 
 def _records(run_dir: str) -> tuple[str, list[tuple[int, bytes]]]:
-    (folder,) = glob.glob(os.path.join(run_dir, "rnnmon-index", "*"))
-    path = os.path.join(folder, digest_file.DIGEST_FILE)
-    with open(path, "rb") as file:
-        data = file.read()
-    out, at = [], 0
-    while at < len(data):
-        through, size, _ = struct.unpack_from("<QII", data, at)
-        out.append((through, data[at + 16: at + 16 + size]))
-        at += 16 + size
-    return path, out
+    """The digest file of the run's one event file's index, and its records."""
+    assert len(glob.glob(os.path.join(run_dir, "rnnmon-index", "*"))) == 1
+    return _records_of(run_dir, 0)
 
 
 def _records_of(run_dir: str, at: int) -> tuple[str, list[tuple[int, bytes]]]:

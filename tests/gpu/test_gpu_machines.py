@@ -251,12 +251,12 @@ def test_gpm_samples_are_at_least_100ms_apart():
     assert np.nanmean(activity) == pytest.approx(80.0) and lib.gpm_samples_allocated == 0
 
 
-def test_gpm_samples_are_freed_when_monitoring_cannot_start(tmp_path):
+def test_gpm_samples_are_freed_when_monitoring_cannot_start(tmp_path, traced_model):
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")
     lib = FakeNvmlLib([FakeGpu()])
     with installed(lib):
-        tiny_model().fit(stalled_dataset(4), epochs=1, verbose=0,
+        traced_model.fit(stalled_dataset(4), epochs=1, verbose=0,
                          callbacks=[UtilizationMonitor(str(not_a_directory), audit=False)])
     assert lib.calls["nvmlGpmSampleAlloc"] == 2 and lib.gpm_samples_allocated == 0
 

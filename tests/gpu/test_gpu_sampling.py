@@ -98,8 +98,8 @@ def test_nvml_failures_leave_na_and_one_warning(tmp_path, failure, rnnmon_warnin
         assert len(run.steps) == 100
 
 
-def test_missing_library_means_cpu_only_mode(tmp_path, rnnmon_warnings, no_nvml):
-    tiny_model().fit(stalled_dataset(30, 0.02), epochs=1, verbose=0,
+def test_missing_library_means_cpu_only_mode(tmp_path, rnnmon_warnings, no_nvml, traced_model):
+    traced_model.fit(stalled_dataset(30, 0.02), epochs=1, verbose=0,
                      callbacks=[UtilizationMonitor(str(tmp_path), audit=False)])
     warnings = rnnmon_warnings()  # CPU-only mode is announced once per process: here, or by an earlier test
     assert len(warnings) <= 1 and all("CPU-only" in w for w in warnings), warnings

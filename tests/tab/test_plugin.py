@@ -24,8 +24,6 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import stalled_dataset, tiny_model
-from fake_nvml import FakeGpu, FakeNvmlLib, installed, library_missing
 from rnnmon_tensorboard import plotly_bundle
 from rnnmon_tensorboard import plugin as plugin_module
 from rnnmon_tensorboard.downsample import MinMaxPyramid, bin_intervals, minmax_indices
@@ -41,7 +39,6 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
-from rnnmon import UtilizationMonitor
 from rnnmon.alerts.thresholds import Thresholds
 from rnnmon.alerts.thresholds_file import (
     LEVELS_UP,
@@ -62,23 +59,13 @@ from rnnmon.report import build_report, render_text
 CHUNKS = 150  # more than either loader keeps by default for an unknown plugin (10 and 100)
 
 
-def _idle_every_second(t: float) -> float:
-    return 0.0 if t % 1.0 < 0.35 else 90.0
-
-
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
-    """Two real fits (CPU-only, and on a fake GPU that idles a third of every second) plus written runs."""
+def logdir(tmp_path_factory, recorded_runs):
+    """Three real fits (CPU-only, on a fake GPU that idles a third of every second, on one without GPM: see
+    `recorded_runs`) plus written runs."""
     root = tmp_path_factory.mktemp("logs")
-    with library_missing():
-        tiny_model().fit(stalled_dataset(30, 0.004), epochs=1, verbose=0,
-                         callbacks=[UtilizationMonitor(str(root / "cpu_fit"))])
-    with installed(FakeNvmlLib([FakeGpu(utilization=_idle_every_second, pids=[os.getpid()])])):
-        tiny_model().fit(stalled_dataset(40, 0.03), epochs=1, verbose=0,
-                         callbacks=[UtilizationMonitor(str(root / "gpu_fit"), sample_interval_s=0.1)])
-    with installed(FakeNvmlLib([FakeGpu(gpm_supported=False, pids=[os.getpid()])])):  # every pre-Hopper card
-        tiny_model().fit(stalled_dataset(12, 0.02), epochs=1, verbose=0,
-                         callbacks=[UtilizationMonitor(str(root / "no_gpm_fit"), sample_interval_s=0.1)])
+    for run in ("cpu_fit", "gpu_fit", "no_gpm_fit"):
+        shutil.copytree(recorded_runs / run, root / run)
     write_gpu_run(str(root / "long" / "rnnmon"), CHUNKS, dip_at=777)
     write_unreadable_run(str(root / "unreadable" / "rnnmon"))
     write_bad_description_run(str(root / "bad_description" / "rnnmon"))
