@@ -20,6 +20,7 @@ from rnnmon.analysis.stragglers import compare_workers, worker_of
 from rnnmon.analysis.summary import gap_list, summarize
 from rnnmon.analysis.trials import compare_trials
 from rnnmon.analysis.verdict import label
+from rnnmon.analysis.worker_figures import worker_figures
 from rnnmon.format.logdir import read_logdir
 from rnnmon.storage import remote
 from rnnmon.storage.mirror import Mirror
@@ -53,7 +54,8 @@ def build_report(logdir: str, all_gaps: bool = False) -> dict[str, Any]:
             gaps = runs[name].gaps
             summary["idle_gaps"] = gap_list(gaps[gaps[:, 1].argsort(kind="stable")])
         summaries.append(summary)
-    return {"runs": summaries, "comparison": compare(summaries), "workers": compare_workers(summaries),
+    workers = compare_workers([worker_figures(runs[name]) for name in sorted(runs) if worker_of(name)])
+    return {"runs": summaries, "comparison": compare(summaries), "workers": workers,
             "trials": compare_trials(summaries)}
 
 

@@ -244,11 +244,19 @@ def _epochs(steps: np.ndarray) -> int:
 
 
 def _percentiles(values: np.ndarray) -> dict[str, float | None]:
-    values = values[~np.isnan(values)]  # fits without input timing mixed with fits with it
-    if not len(values):
+    ordered = sorted(values[~np.isnan(values)].tolist())  # fits without input timing mixed with fits with it
+    if not ordered:
         return {"median": None, "p90": None}
-    median, p90 = np.percentile(values, [50, 90])
-    return {"median": round(float(median), 4), "p90": round(float(p90), 4)}
+    return {"median": round(_percentile(ordered, 0.5), 4), "p90": round(_percentile(ordered, 0.9), 4)}
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """`np.percentile(values, 100 * q)` of the values `ordered` ascending, by the same arithmetic (its linear
+    method), without its cost per call (90 us: a job of 2,000 workers paid 0.4 s in it)."""
+    at = (len(ordered) - 1) * q
+    low = math.floor(at)
+    below, above, weight = ordered[low], ordered[min(low + 1, len(ordered) - 1)], at - low
+    return above - (above - below) * (1 - weight) if weight >= 0.5 else below + (above - below) * weight
 
 
 def device_figures(digest: DeviceDigest, idle_pct: float) -> dict[str, Any]:
@@ -257,7 +265,7 @@ def device_figures(digest: DeviceDigest, idle_pct: float) -> dict[str, Any]:
         util = _joined(digest.raw["util"], len(schema.UTIL_COLUMNS))[:, 1]
         stats = _joined(digest.raw["stats"], len(schema.STAT_COLUMNS))
         return {"util_mean": _round(float(util.mean())) if len(util) else None,
-                "idle_fraction": _round(float((util <= idle_pct).mean())) if len(util) else None,
+                "idle_fraction": idle_fraction(util, idle_pct),
                 "samples": len(util),
                 "memory_used_max_mib": _column_stat(stats, "memory_used_mib", np.nanmax),
                 "memory_total_mib": _column_stat(stats, "memory_total_mib", np.nanmax),
@@ -272,6 +280,11 @@ def device_figures(digest: DeviceDigest, idle_pct: float) -> dict[str, Any]:
             "memory_total_mib": _round(digest.maximum("memory_total_mib")),
             "power_mean_w": _round(digest.mean("power_w")), "sm_activity_mean": _round(digest.mean("sm_activity_pct")),
             "sm_occupancy_mean": _round(digest.mean("sm_occupancy_pct"))}
+
+def idle_fraction(util: np.ndarray, idle_pct: float) -> float | None:
+    """The share of utilization samples (`util`, in %) at or below `idle_pct`; None without samples."""
+    return _round(float((util <= idle_pct).mean())) if len(util) else None
+
 
 def _joined(parts: list[np.ndarray], width: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty((0, width))

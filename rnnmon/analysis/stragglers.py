@@ -11,8 +11,11 @@ at least `MIN_EXCESS_MS`). It is compared with the job's step, not with the othe
 others' step already holds their wait for the straggler, so the worse it is, the larger the job's step, and the
 share is what removing it saves. `speedup` is the Amdahl bound of removing it from the job's step.
 
+Each worker is compared by its `worker_figures` (rnnmon.analysis.worker_figures): `summarize`'s figures, without
+the rest of a summary.
+
 Example:
-    >>> groups = compare_workers([summarize(run) for run in runs.values()])
+    >>> groups = compare_workers([worker_figures(run) for run in runs.values()])
     >>> groups[0]["findings"][0]["where"]
     'worker-1'
 """
@@ -55,13 +58,14 @@ def worker_order(worker: str) -> tuple[str, int]:
     return kind, int(index)
 
 
-def compare_workers(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per job with two or more worker runs: each worker's numbers and the STRAGGLER finding, if any."""
+def compare_workers(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per job with two or more worker runs that have a verdict: each worker's numbers and the STRAGGLER finding, if
+    any, from each run's `worker_figures`."""
     jobs: dict[str, list[dict[str, Any]]] = {}
-    for summary in summaries:
-        found = worker_of(summary["run"])
-        if found is not None and summary["verdict"] != "insufficient-data":
-            jobs.setdefault(found[0], []).append(_row(found[1], summary))
+    for run in figures:
+        found = worker_of(run["run"])
+        if found is not None and run["judged"]:
+            jobs.setdefault(found[0], []).append(_row(found[1], run))
     groups = []
     for job, rows in sorted(jobs.items()):
         if len(rows) >= 2:
@@ -70,14 +74,13 @@ def compare_workers(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return groups
 
 
-def _row(worker: str, summary: dict[str, Any]) -> dict[str, Any]:
-    steps = max(summary["steps"], 1)
-    wait = summary["input_wait_ms"]
-    idle = [g["idle_fraction"] for g in summary["gpus"] if g["idle_fraction"] is not None]
-    host_gap_ms = 1e3 * (summary["host_gap_fraction"] or 0.0) * summary["wall_s"] / steps
-    return {"worker": worker, "run": summary["run"], "step_ms": summary["step_ms"]["median"],
-            "input_wait_ms": None if wait is None else wait["median"], "host_gap_ms": round(host_gap_ms, 3),
-            "host_gap_fraction": summary["host_gap_fraction"],
+def _row(worker: str, figures: dict[str, Any]) -> dict[str, Any]:
+    steps = max(figures["steps"], 1)
+    idle = [share for share in figures["gpu_idle_fractions"] if share is not None]
+    host_gap_ms = 1e3 * (figures["host_gap_fraction"] or 0.0) * figures["wall_s"] / steps
+    return {"worker": worker, "run": figures["run"], "step_ms": figures["step_ms"],
+            "input_wait_ms": figures["input_wait_ms"], "host_gap_ms": round(host_gap_ms, 3),
+            "host_gap_fraction": figures["host_gap_fraction"],
             "gpu_idle_fraction": round(sum(idle) / len(idle), 4) if idle else None}
 
 

@@ -45,7 +45,7 @@ def verdict(steps: int, wait_s: float, gap_s: float, step_total_s: float, compil
     """One of `VERDICTS` for `steps` steps that waited `wait_s` for input and `gap_s` between them, of
     `step_total_s` (steps + gaps), and compiled for `compile_s` of `training_s` after the warm-up. Compiles win
     where their share is at least `COMPILE_BOUND_SHARE` and the largest of the three."""
-    if steps < MIN_STEPS or step_total_s <= 0:
+    if not judged(steps, step_total_s):
         return "insufficient-data"
     shares = {"input": wait_s / step_total_s, "host": gap_s / step_total_s,
               "compile": compile_s / training_s if training_s > 0 else 0.0}
@@ -56,6 +56,12 @@ def verdict(steps: int, wait_s: float, gap_s: float, step_total_s: float, compil
     if shares["host"] >= HOST_BOUND_SHARE:
         return "host-bound"
     return "compute-bound"
+
+
+def judged(steps: int, step_total_s: float) -> bool:
+    """Whether `steps` steps (each fit's first left out) of `step_total_s` (steps + host gaps) get a verdict other
+    than insufficient-data."""
+    return not (steps < MIN_STEPS or step_total_s <= 0)
 
 
 def label(name: str) -> str:

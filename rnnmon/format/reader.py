@@ -162,10 +162,13 @@ def _in_step_order(steps: list[int], rows: np.ndarray, counts: list[int]) -> tup
 class RunReader:
     """One run's rnnmon data, decoded chunk by chunk and kept; each update decodes only what is new."""
 
-    def __init__(self, run: str, tags: frozenset[str] | None = None) -> None:
+    def __init__(self, run: str, tags: frozenset[str] | None = None, tag_prefixes: tuple[str, ...] = ()) -> None:
+        """`tags`: decode only these tags, and those that start with one of `tag_prefixes` (a GPU's tags); None:
+        all. From files, only records that name one of them are parsed."""
         self.run = run
-        self._only = tags  # decode only these tags (None: all); from files, only records that name one of them
-        self._marks = None if tags is None else tuple(tag.encode() for tag in tags)
+        self._only = tags
+        self._prefixes = tag_prefixes if tags is not None else ()
+        self._marks = None if tags is None else tuple(mark.encode() for mark in (*tags, *tag_prefixes))
         self._batch_bytes = SCAN_BATCH_BYTES if tags is None else FEW_TAGS_BATCH_BYTES  # few records kept: small
         self._content: dict[str, dict[str, Any] | None] = {}  # tag -> its JSON content; None: not rnnmon's
         self._stored: dict[str, Stored] = {}  # tag -> how its values were written, from the latest content read
@@ -193,9 +196,12 @@ class RunReader:
         """
         from tensorboard.data import provider as tb_provider
 
-        where = tb_provider.RunTagFilter(runs=[self.run], tags=self._only)
+        where = tb_provider.RunTagFilter(runs=[self.run], tags=None if self._prefixes else self._only)
         listing = provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=schema.PLUGIN_NAME,
                                         run_tag_filter=where).get(self.run, {})
+        if self._prefixes:  # the provider filters by whole names: the tags those prefixes start
+            listing = {tag: series for tag, series in listing.items() if self._wanted(tag)}
+            where = tb_provider.RunTagFilter(runs=[self.run], tags=list(listing))
         try:
             data = provider.read_tensors(ctx, experiment_id=experiment_id, plugin_name=schema.PLUGIN_NAME,
                                          downsample=ALL_SAMPLES, run_tag_filter=where).get(self.run, {})
@@ -311,7 +317,7 @@ class RunReader:
         step = None
         for value in event.summary.value:
             tag = value.tag
-            if self._only is not None and tag not in self._only:
+            if not self._wanted(tag):
                 continue
             content = self._content.get(tag, _UNSEEN)
             if content is _UNSEEN or value.HasField("metadata"):  # each file's first value of a tag carries it
@@ -334,6 +340,9 @@ class RunReader:
                 continue
             self._stage(tag, step, raw)
         return step is not None
+
+    def _wanted(self, tag: str) -> bool:
+        return self._only is None or tag in self._only or tag.startswith(self._prefixes)
 
     def _describe(self, tag: str, content: dict[str, Any] | None) -> None:
         """Keep `tag`'s metadata content: what its next values are decoded and mapped by."""

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -59,6 +60,7 @@ GAP_CAUSES = ("input", "host", "eval", "other", "sync", "warmup", "epoch_end")
 STEP_DEVICE = -1  # the `device` of a gap derived from step phases (no GPU)
 
 
+@functools.lru_cache(maxsize=256)  # asked for every chunk read (a 2,000-worker job: 30,000 times, 0.3 s unkept)
 def columns_for(tag: str) -> tuple[str, ...] | None:
     """The columns this rnnmon reads and writes for `tag`, in order; None for a document or unknown tag."""
     table = series.FORMAT.table(tag)

@@ -320,7 +320,7 @@ def test_the_straggler_rule_reads_the_reports_share_on_a_real_2_process_jax_job(
     """Two JAX processes (gloo on CPU) that set their index in code, one stalling 12 ms a batch on a ~90 ms step,
     scraped through file_sd: the fast profile's rule names worker-1 with the report's share, within 20%."""
     from rnnmon.analysis.stragglers import compare_workers
-    from rnnmon.analysis.summary import summarize
+    from rnnmon.analysis.worker_figures import worker_figures
     from rnnmon.format.logdir import read_logdir
 
     sd_dir, logs = tmp_path / "sd", tmp_path / "logs"
@@ -353,7 +353,7 @@ def test_the_straggler_rule_reads_the_reports_share_on_a_real_2_process_jax_job(
         for p in processes:
             p.kill()
     assert [p.returncode for p in processes] == [0, 0], [e[-2000:] for e in errors]
-    (group,) = compare_workers([summarize(run) for run in read_logdir(str(logs)).values()])
+    (group,) = compare_workers([worker_figures(run) for run in read_logdir(str(logs)).values()])
     by_name = {w["worker"]: w for w in group["workers"]}
     report = sum(by_name["worker-1"][k] - by_name["worker-0"][k] for k in ("input_wait_ms", "host_gap_ms")) \
         / by_name["worker-0"]["step_ms"]

@@ -297,9 +297,9 @@ def test_tab_route_compares_the_workers_of_a_job(tmp_path, monkeypatch):
 
 
 def _worker(name, step_ms, wait_ms, gpu_idle):
-    return {"run": f"job/{name}/rnnmon", "verdict": "compute-bound", "steps": 100, "wall_s": 1.0,
-            "step_ms": {"median": step_ms}, "input_wait_ms": {"median": wait_ms}, "host_gap_fraction": 0.0,
-            "gpus": [{"idle_fraction": gpu_idle}]}
+    """A worker's `worker_figures`."""
+    return {"run": f"job/{name}/rnnmon", "judged": True, "steps": 100, "wall_s": 1.0, "step_ms": step_ms,
+            "input_wait_ms": wait_ms, "host_gap_fraction": 0.0, "gpu_idle_fractions": [gpu_idle]}
 
 
 def test_a_compute_straggler_bound_is_the_time_the_others_idle_for_it():

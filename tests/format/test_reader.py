@@ -405,3 +405,18 @@ def test_chunks_that_arrive_late_are_merged_in_order(tmp_path):
         np.testing.assert_array_equal(view, seen)
     np.testing.assert_array_equal(data.steps, np.concatenate([rows for _, rows in chunks]))
     np.testing.assert_array_equal(read_logdir(str(tmp_path))["rnnmon"].steps, data.steps)
+
+
+def test_a_reader_of_some_tags_and_tag_prefixes_reads_those_alone(tmp_path):
+    # The tab's /workers reads a worker's steps, phases, description and every GPU's samples, and no other table.
+    run_dir = str(tmp_path / "run" / "rnnmon")
+    write_gpu_run(run_dir, 3, gpus=2)
+    provider, ctx = open_logdir(str(tmp_path))
+    tags = frozenset({schema.RUN_TAG, schema.STEPS_TAG, schema.PHASES_TAG})
+    whole = RunReader("run/rnnmon").update_from_files(run_dir)
+    for data in (RunReader("run/rnnmon", tags, (schema.UTIL_TAG_PREFIX,)).update_from_files(run_dir),
+                 RunReader("run/rnnmon", tags, (schema.UTIL_TAG_PREFIX,)).update_from_provider(provider, ctx)):
+        assert not data.errors and data.info == whole.info and len(data.gaps) == 0 and not data.stats
+        np.testing.assert_array_equal(data.steps, whole.steps)
+        np.testing.assert_array_equal(data.phases, whole.phases)
+        assert set(data.util) == {0, 1} and all(np.array_equal(data.util[i], whole.util[i]) for i in (0, 1))

@@ -53,6 +53,7 @@ from rnnmon.analysis.summary import summarize
 from rnnmon.capture.workers import worker_name
 from rnnmon.format import schema
 from rnnmon.format.reader import open_logdir, read_runs
+from rnnmon.format.writer import SummaryWriter
 from rnnmon.report import build_report, render_text
 
 CHUNKS = 150  # more than either loader keeps by default for an unknown plugin (10 and 100)
@@ -249,6 +250,51 @@ def test_workers_of_a_256_worker_job_are_summarized_once_per_version_straggler_f
     assert status == 200 and plugin.workers_summarized == 257  # that worker only
     assert changed["heatmap"]["bin_s"] > body["heatmap"]["bin_s"]  # its new steps widen the job's span
     assert changed["workers"][0]["worker"] == "worker-37"
+
+
+def test_workers_reads_each_worker_for_the_figures_it_compares_alone(tmp_path):
+    # The first /workers of a 2,000-worker job cost 14.7 s of CPU (3 s wanted): each worker was summarized in full,
+    # every table decoded and its digest built, 7 ms a worker. It computes the straggler search's figures alone.
+    start = time.time() - 600
+    for index in range(8):  # worker-3 waits 10 ms more per step for its input
+        write_gpu_run(str(tmp_path / "job" / f"worker-{index}" / "rnnmon"), 6, start=start, gpus=2,
+                      wait_s=0.016 if index == 3 else 0.006)
+    plugin, client = served_plugin(str(tmp_path))
+    calls: dict[tuple[str, str], int] = {}
+
+    def seen(frame, event, arg):
+        if event == "call":
+            key = (os.path.basename(frame.f_code.co_filename), frame.f_code.co_name)
+            calls[key] = calls.get(key, 0) + 1
+
+    sys.setprofile(seen)
+    try:
+        status, body = get(client, "workers", run="job/worker-0/rnnmon")
+    finally:
+        sys.setprofile(None)
+    assert status == 200 and body["straggler"] == "worker-3" and plugin.workers_summarized == 8
+    assert calls.get(("worker_figures.py", "worker_figures")) == 8
+    built = {key: count for key, count in calls.items() if key in {("summary.py", "summarize"), ("digest.py", "of"),
+                                                                   ("digest.py", "add"), ("fit_time.py", "fit_time")}}
+    assert built == {}, built  # no summary, no digest
+    # a table checked per worker: its steps, phases and 2 GPUs' samples; never its gaps nor the GPUs' stats
+    assert calls.get(("decode.py", "check_rows")) == 8 * 4
+    assert sum(calls.values()) / 8 < 1500, sum(calls.values()) / 8  # Python calls a worker: 900 (2,400 summarized)
+
+
+def test_workers_answers_a_worker_with_infinite_waits_in_tensorboards_json(tmp_path):
+    # /workers is written as JSON directly unless its answer holds what JSON cannot (infinite input waits, which the
+    # format allows, have a NaN median): that answer goes through TensorBoard's cleansing, as every answer did.
+    for index in range(3):
+        write_gpu_run(str(tmp_path / "job" / f"worker-{index}" / "rnnmon"), 3)
+    t0 = time.time() - 60
+    writer = SummaryWriter(str(tmp_path / "job" / "worker-3" / "rnnmon"))
+    writer.json(schema.RUN_TAG, {"version": schema.FORMAT_VERSION, "status": "finished", "start": t0})
+    writer.table(schema.STEPS_TAG, [(i + 1, 0, t0 + i, t0 + i + 0.5, np.inf, np.nan if i == 0 else 1.0, 1)
+                                    for i in range(15)])
+    writer.close()
+    status, body = get(plugin_client(str(tmp_path)), "workers", run="job/worker-0/rnnmon")
+    assert status == 200 and {row["worker"]: row["input_wait_ms"] for row in body["workers"]}["worker-3"] == "NaN"
 
 
 def test_trials_of_a_search_are_listed_by_trial_with_their_hyperparameters(tmp_path):
