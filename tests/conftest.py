@@ -110,13 +110,28 @@ def stalled_dataset(batches: int, stall_s: float | Callable[[int], float] = 0.0,
 
 
 @pytest.fixture(scope="session")
-def traced_model():
-    """A `tiny_model()` whose train function is traced, shared by the session: a fit of it costs about 0.1 s of CPU
-    where a fresh model's first costs 1.3-1.5 s. For tests whose check is not about a fit's first step (its trace)
-    or the model's weights: it trains on in every test that uses it."""
-    model = tiny_model(seed=7)
-    model.fit(stalled_dataset(2), epochs=1, verbose=0)
-    return model
+def traced_models():
+    """`traced_models(**tiny_model_args)`: a `tiny_model(**tiny_model_args)` whose train function is traced, one per
+    set of arguments a session: a fit of it costs about 0.1 s of CPU where a fresh model's first costs 1.3-1.5 s.
+    For tests whose check is not about a fit's first step (its trace) or the model's weights: it trains on in
+    every test that asks for the same arguments."""
+    models = {}
+
+    def traced(**tiny_model_args):
+        key = tuple(sorted(tiny_model_args.items()))
+        if key not in models:
+            model = tiny_model(seed=7, **tiny_model_args)
+            model.fit(stalled_dataset(2 * model.steps_per_execution), epochs=1, verbose=0)
+            models[key] = model
+        return models[key]
+
+    return traced
+
+
+@pytest.fixture(scope="session")
+def traced_model(traced_models):
+    """The session's traced `tiny_model()` (see `traced_models`)."""
+    return traced_models()
 
 
 def _idle_every_second(t: float) -> float:
