@@ -61,13 +61,13 @@ def test_aborted_fit_then_new_fit_leaves_nothing_behind(tmp_path, same_instance)
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_error_inside_the_step_writes_everything_at_once(tmp_path):
+def test_error_inside_the_step_writes_everything_at_once(tmp_path, traced_model):
     def delay(batch):
         if batch == 7:
             raise ValueError("bad record")
         return 0.0
 
-    model = tiny_model()
+    model = traced_model
     with pytest.raises(Exception, match="bad record"):
         model.fit(stalled_dataset(20, delay), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path))])
     assert not _rnnmon_threads()
