@@ -110,13 +110,28 @@ def stalled_dataset(batches: int, stall_s: float | Callable[[int], float] = 0.0,
 
 
 @pytest.fixture(scope="session")
-def traced_model():
-    """A `tiny_model()` whose train function is traced, shared by the session: a fit of it costs about 0.1 s of CPU
-    where a fresh model's first costs 1.3-1.5 s. For tests whose check is not about a fit's first step (its trace)
-    or the model's weights: it trains on in every test that uses it."""
-    model = tiny_model(seed=7)
-    model.fit(stalled_dataset(2), epochs=1, verbose=0)
-    return model
+def traced_models():
+    """`traced_models(**tiny_model_args)`: a `tiny_model(**tiny_model_args)` whose train function is traced, one per
+    set of arguments a session: a fit of it costs about 0.1 s of CPU where a fresh model's first costs 1.3-1.5 s.
+    For tests whose check is not about a fit's first step (its trace) or the model's weights: it trains on in
+    every test that asks for the same arguments."""
+    models = {}
+
+    def traced(**tiny_model_args):
+        key = tuple(sorted(tiny_model_args.items()))
+        if key not in models:
+            model = tiny_model(seed=7, **tiny_model_args)
+            model.fit(stalled_dataset(2 * model.steps_per_execution), epochs=1, verbose=0)
+            models[key] = model
+        return models[key]
+
+    return traced
+
+
+@pytest.fixture(scope="session")
+def traced_model(traced_models):
+    """The session's traced `tiny_model()` (see `traced_models`)."""
+    return traced_models()
 
 
 def _idle_every_second(t: float) -> float:
@@ -125,14 +140,13 @@ def _idle_every_second(t: float) -> float:
 
 
 @pytest.fixture(scope="session")
-def recorded_runs(tmp_path_factory) -> pathlib.Path:
+def recorded_runs(tmp_path_factory, traced_model) -> pathlib.Path:
     """Real fits recorded once a session, for the tests that read runs rather than record them.
 
-    Copy the runs a test needs into its own log directory (`shutil.copytree`); never write here. One model makes
-    them all, so its train function is traced once (a fresh model costs 1.3-1.5 s of CPU for tracing, a fit of a
-    traced one 0.1 s):
-    - `cpu_fit`: its first fit, without NVML: 30 steps (the first traces: the warm-up), each batch 20 ms late in a
-      pipeline without prefetch, so input-bound;
+    Copy the runs a test needs into its own log directory (`shutil.copytree`); never write here. The session's
+    `traced_model` makes them all, so no fit here traces its train function (a fresh model costs 1.3-1.5 s of CPU
+    for tracing, a fit of a traced one 0.1 s); each fit's first step is still its warm-up phase:
+    - `cpu_fit`: without NVML: 30 steps, each batch 20 ms late in a pipeline without prefetch, so input-bound;
     - `short`: 5 more steps of it without NVML, too few for a verdict;
     - `gpu_fit`: 40 steps on a fake GPU that idles a third of every second, each batch 30 ms late;
     - `no_gpm_fit`: 12 steps on a fake GPU without GPM, as every card before Hopper.
@@ -142,7 +156,7 @@ def recorded_runs(tmp_path_factory) -> pathlib.Path:
     from rnnmon import UtilizationMonitor
 
     root = tmp_path_factory.mktemp("recorded")
-    model = tiny_model()
+    model = traced_model
     with library_missing():
         model.fit(stalled_dataset(30, 0.02, prefetch="none"), epochs=1, verbose=0,
                   callbacks=[UtilizationMonitor(str(root / "cpu_fit"))])

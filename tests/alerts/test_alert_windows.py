@@ -11,7 +11,7 @@ import time
 
 import keras
 import pytest
-from conftest import stalled_dataset, tiny_model
+from conftest import stalled_dataset
 
 from rnnmon import UtilizationMonitor
 
@@ -25,13 +25,13 @@ class SlowEpochEnd(keras.callbacks.Callback):
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_one_slow_fetch_after_a_long_epoch_end_is_no_alert(tmp_path):
+def test_one_slow_fetch_after_a_long_epoch_end_is_no_alert(tmp_path, traced_model):
     def delay(batch: int) -> float:  # the next epoch's first batch: the pipeline restarts
         return 0.4 if batch == BATCHES else 0.0
 
     alerts = []
     monitor = UtilizationMonitor(str(tmp_path), thresholds={"input_wait_high": {"pct": 20, "for_s": 1.0}},
                                  on_alert=alerts.append)
-    tiny_model().fit(stalled_dataset(BATCHES, delay, prefetch="none"), epochs=2, verbose=0,
+    traced_model.fit(stalled_dataset(BATCHES, delay, prefetch="none"), epochs=2, verbose=0,
                      callbacks=[monitor, SlowEpochEnd()])
     assert [a.message for a in alerts if a.rule == "input_wait_high"] == []

@@ -22,13 +22,13 @@ def _slow_callback():
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_host_bound_names_the_slow_callback_and_its_cost(tmp_path):
+def test_host_bound_names_the_slow_callback_and_its_cost(tmp_path, traced_model):
     import tensorflow as tf
 
     x, y = sequences(30)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).prefetch(2)
     slow = _slow_callback()
-    tiny_model().fit(dataset, epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path)), slow])
+    traced_model.fit(dataset, epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path)), slow])
     summary = summarize(read_run(str(tmp_path)))
     [finding] = [f for f in summary["findings"] if f["code"] == "HOST_BOUND"]
     assert "The batch hooks of SlowAfterEachStep take" in finding["message"], finding["message"]

@@ -58,8 +58,8 @@ def _tf_data():
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).map(_python_decode)
 
 
-def _recorded_codes(tmp_path, x, **fit_args) -> list[tuple[str, str]]:
-    model = tiny_model()
+def _recorded_codes(tmp_path, x, model=None, **fit_args) -> list[tuple[str, str]]:
+    model = model or tiny_model()
     model.fit(x, epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path))], **fit_args)
     findings = read_run(str(tmp_path)).findings
     from_audit = rnnmon.audit(model, x, batch_size=fit_args.get("batch_size"))
@@ -68,9 +68,9 @@ def _recorded_codes(tmp_path, x, **fit_args) -> list[tuple[str, str]]:
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_numpy_arrays_get_no_finding_about_kerass_own_pipeline(tmp_path):
+def test_numpy_arrays_get_no_finding_about_kerass_own_pipeline(tmp_path, traced_model):
     x, y = sequences(6)
-    assert _recorded_codes(tmp_path, x, y=y, batch_size=BATCH) == []
+    assert _recorded_codes(tmp_path, x, model=traced_model, y=y, batch_size=BATCH) == []
 
 
 @pytest.mark.slow

@@ -58,12 +58,12 @@ def test_gpu_idle_until_the_first_step_is_warmup_not_input(tmp_path):
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_idle_gap_at_an_epoch_end_without_validation_names_the_epoch_end(tmp_path):
+def test_idle_gap_at_an_epoch_end_without_validation_names_the_epoch_end(tmp_path, traced_model):
     alerts = []
     x, y = sequences(8)
     monitor = UtilizationMonitor(str(tmp_path), audit=False, flush_secs=0.5, thresholds={"idle_gap": {"min_s": 0.5}},
                                  on_alert=alerts.append)
-    tiny_model().fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[_SlowEpochEnd(), monitor])
+    traced_model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[_SlowEpochEnd(), monitor])
     fired = [alert.message for alert in alerts if alert.rule == "idle_gap" and alert.state == "firing"]
     assert len(fired) == 1, [alert.message for alert in alerts]
     assert "mostly at epoch ends" in fired[0] and "validation" not in fired[0].lower(), fired[0]

@@ -81,8 +81,8 @@ def test_stall_makes_the_run_input_bound(tmp_path):
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_steps_per_execution_above_one_times_a_sample_of_executions_by_default(tmp_path):
-    model = tiny_model(steps_per_execution=2)
+def test_steps_per_execution_above_one_times_a_sample_of_executions_by_default(tmp_path, traced_models):
+    model = traced_models(steps_per_execution=2)
     model.fit(stalled_dataset(2 * 17 + 1), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path))])
     run = read_run(str(tmp_path))
     timed = ~np.isnan(run.steps[:, 4])
@@ -153,8 +153,8 @@ def test_steps_per_execution_8_without_a_stall_is_not_input_bound(tmp_path):
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_a_verdict_without_input_wait_says_so_and_how_to_measure_it(tmp_path):
-    model = tiny_model(steps_per_execution=2)
+def test_a_verdict_without_input_wait_says_so_and_how_to_measure_it(tmp_path, traced_models):
+    model = traced_models(steps_per_execution=2)
     monitor = UtilizationMonitor(str(tmp_path), measure_input_wait=False)
     model.fit(stalled_dataset(2 * 12), epochs=1, verbose=0, callbacks=[monitor])
     summary = summarize(read_run(str(tmp_path)))

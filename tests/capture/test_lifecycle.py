@@ -33,8 +33,8 @@ class FailAt(keras.callbacks.Callback):
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_one_instance_serves_repeated_fits(tmp_path):
-    model, monitor = tiny_model(), UtilizationMonitor(str(tmp_path))
+def test_one_instance_serves_repeated_fits(tmp_path, traced_model):
+    model, monitor = traced_model, UtilizationMonitor(str(tmp_path))
     for _ in range(2):
         model.fit(stalled_dataset(12), epochs=2, verbose=0, callbacks=[monitor])
         assert not _rnnmon_threads()
@@ -61,13 +61,13 @@ def test_aborted_fit_then_new_fit_leaves_nothing_behind(tmp_path, same_instance)
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_error_inside_the_step_writes_everything_at_once(tmp_path):
+def test_error_inside_the_step_writes_everything_at_once(tmp_path, traced_model):
     def delay(batch):
         if batch == 7:
             raise ValueError("bad record")
         return 0.0
 
-    model = tiny_model()
+    model = traced_model
     with pytest.raises(Exception, match="bad record"):
         model.fit(stalled_dataset(20, delay), epochs=1, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path))])
     assert not _rnnmon_threads()
@@ -163,8 +163,8 @@ def test_sigint_to_a_process_that_ignores_it_neither_stops_the_fit_nor_ends_the_
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_a_users_sigint_handler_runs_after_rnnmon_has_written_the_record(tmp_path):
-    model, seen = tiny_model(), []
+def test_a_users_sigint_handler_runs_after_rnnmon_has_written_the_record(tmp_path, traced_model):
+    model, seen = traced_model, []
 
     def handler(signum, frame):  # e.g. "stop after this batch, then save"
         seen.append(run_status(tmp_path))

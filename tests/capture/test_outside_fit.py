@@ -14,9 +14,9 @@ NOT_RECORDED = "evaluate() and predict() outside fit() are not recorded"
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_evaluate_and_predict_outside_fit_are_named_once(tmp_path, rnnmon_warnings):
+def test_evaluate_and_predict_outside_fit_are_named_once(tmp_path, rnnmon_warnings, traced_model):
     x, y = sequences(4)
-    model, monitor = tiny_model(), UtilizationMonitor(str(tmp_path), audit=False)
+    model, monitor = traced_model, UtilizationMonitor(str(tmp_path), audit=False)
     model.fit(x[:64], y[:64], validation_data=(x[64:], y[64:]), epochs=1, batch_size=32, verbose=0,
               callbacks=[monitor])
     assert not _named(rnnmon_warnings())  # validation inside fit is recorded: nothing to say

@@ -91,11 +91,11 @@ def _search(tmp_path, *, batches: int, trials: int) -> tuple[dict, str]:
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_a_copy_is_a_fresh_monitor_with_the_same_settings(tmp_path):
+def test_a_copy_is_a_fresh_monitor_with_the_same_settings(tmp_path, traced_model):
     alerts = []
     monitor = UtilizationMonitor(str(tmp_path), sample_interval_s=0.2, flush_secs=1.0, audit=False,
                                  on_alert=alerts.append, thresholds={"gpu_util_low": {"for_s": 3.0}})
-    model = tiny_model()
+    model = traced_model
     x, y = sequences(12)
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[monitor])
     twin = copy.deepcopy(monitor)

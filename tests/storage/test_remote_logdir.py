@@ -13,7 +13,6 @@ import sys
 import textwrap
 import time
 
-import keras
 import pytest
 from conftest import TESTS, stalled_dataset, tiny_model
 from object_stores import SECRET, TOKEN, FaultyFront, ObjectStore
@@ -156,6 +155,8 @@ def test_cut_off_mid_fit_the_fit_finishes_with_one_warning_and_the_run_is_upload
                                                                                          caplog):
     """The S3 server stops at step 15 of 80: the fit goes on (nothing waits for the network), one warning names the
     staging folder; after the server is back the whole run is in the bucket and a second warning says so."""
+    import keras
+
     caplog.set_level(logging.WARNING, logger="rnnmon")
     with ObjectStore("s3") as server:
         _use(server, monkeypatch, tmp_path)
@@ -183,6 +184,8 @@ def test_a_throttled_bucket_or_an_expired_token_mid_fit_is_one_warning_and_nothi
     a warning came: the fit does not wait, the one warning names the store's message and the staging folder, and once
     the store answers again the whole run is uploaded and a second warning says so. (gcsfs retries a 429 six times,
     ~20 s, before the upload pass sees it fail.)"""
+    import keras
+
     caplog.set_level(logging.WARNING, logger="rnnmon")
     with ObjectStore(kind) as server, FaultyFront(server) as front:
         _use(server, monkeypatch, tmp_path, front.env)
@@ -453,6 +456,8 @@ INPUT_WAIT = {"input_wait_high": {"pct": 20.0, "resolve_pct": 10.0, "for_s": 0.3
 @pytest.mark.slow
 def test_a_profile_captured_on_alert_is_named_where_it_is_uploaded(monkeypatch, tmp_path, caplog):
     """The log line, the run record (and so the tab's card) named the staging folder, emptied after the fit."""
+    import keras
+
     with ObjectStore("s3") as server:
         _use(server, monkeypatch, tmp_path)
         url = server.url("exp1")
