@@ -327,8 +327,14 @@ def test_two_jax_processes_write_a_worker_folder_each(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
-    workers = [subprocess.Popen([sys.executable, "-c", JAX_WORKER, str(tmp_path), str(i), str(port)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+    _two_workers(tmp_path, [([JAX_WORKER, str(tmp_path), str(i), str(port)], env) for i in (0, 1)], steps=24)
+
+
+def _two_workers(tmp_path, processes: list[tuple[list[str], dict]], steps: int) -> None:
+    """Run the two processes (`python -c` argv, environment) together: each writes its worker folder with `steps`
+    steps, and worker-1, whose input takes 10 ms a batch, waits for it where worker-0 does not."""
+    workers = [subprocess.Popen([sys.executable, "-c", *argv], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for argv, env in processes]
     try:
         errors = [worker.communicate(timeout=300)[1] for worker in workers]
     finally:
@@ -337,7 +343,7 @@ def test_two_jax_processes_write_a_worker_folder_each(tmp_path):
     assert [w.returncode for w in workers] == [0, 0], [e[-2000:] for e in errors]
     assert sorted(os.listdir(tmp_path)) == ["worker-0", "worker-1"]
     runs = {name: summarize(read_run(str(tmp_path / name))) for name in ("worker-0", "worker-1")}
-    assert all(s["status"] == "finished" and s["steps"] == 24 for s in runs.values())
+    assert all(s["status"] == "finished" and s["steps"] == steps for s in runs.values()), runs
     assert runs["worker-1"]["input_wait_ms"]["median"] > 8 > runs["worker-0"]["input_wait_ms"]["median"]
 
 
@@ -413,7 +419,7 @@ def test_two_processes_of_a_loop_write_a_worker_folder_each(tmp_path, backend):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     cluster = {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]}
-    workers = []
+    processes = []
     for index in (0, 1):
         script = BACKEND_LOOP.format(sleep_s=0.01 * index, logdir=str(tmp_path), layer="keras.layers.LSTM(8)",
                                      loop=(TORCH_GLOO + TORCH_LOOP).format(batches=10)) if backend == "torch" else (
@@ -423,15 +429,5 @@ def test_two_processes_of_a_loop_write_a_worker_folder_each(tmp_path, backend):
                "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if backend == "torch" else {
                **os.environ, "KERAS_BACKEND": backend,
                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        workers.append(subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True))
-    try:
-        errors = [worker.communicate(timeout=300)[1] for worker in workers]
-    finally:
-        for worker in workers:
-            worker.kill()
-    assert [w.returncode for w in workers] == [0, 0], [e[-2000:] for e in errors]
-    assert sorted(os.listdir(tmp_path)) == ["worker-0", "worker-1"]
-    runs = {name: summarize(read_run(str(tmp_path / name))) for name in ("worker-0", "worker-1")}
-    assert all(s["status"] == "finished" and s["steps"] == 20 for s in runs.values()), runs
-    assert runs["worker-1"]["input_wait_ms"]["median"] > 8 > runs["worker-0"]["input_wait_ms"]["median"]
+        processes.append(([script], env))
+    _two_workers(tmp_path, processes, steps=20)
