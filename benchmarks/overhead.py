@@ -247,7 +247,7 @@ def hot_path_us(calls: int = 2000, rounds: int = 5) -> dict[str, dict[str, Any]]
     """
     import tensorflow as tf
 
-    from rnnmon.capture.input_timing import _closure, batch_shapes, wrap_train_function
+    from rnnmon.capture.input_timing import batch_shapes, closure, wrap_train_function
 
     hooks: dict[str, list[float]] = {}
     model, data = tiny_model(), dataset(64)
@@ -275,7 +275,7 @@ def hot_path_us(calls: int = 2000, rounds: int = 5) -> dict[str, dict[str, Any]]
     tf.data.Iterator.register(_ReadyIterator)
     ready = _ReadyIterator(batch, iterator.element_spec)
     timed_keras, timed_nothing = wrapped(keras_function), wrapped(lambda batches: None)
-    on_iterator = _closure(keras_function)["multi_step_on_iterator"]  # Keras's compiled fetch + step
+    on_iterator = closure(keras_function)["multi_step_on_iterator"]  # Keras's compiled fetch + step
     optional = on_iterator(iterator)
     parts = {
         "plain fit's path: Keras train function on the iterator": lambda: keras_function(iterator),
