@@ -6,6 +6,7 @@ Only the NVML C library is faked (tests/fake_nvml.py); everything else is the re
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import pathlib
@@ -107,6 +108,32 @@ def stalled_dataset(batches: int, stall_s: float | Callable[[int], float] = 0.0,
         options.autotune.enabled = False
         dataset = dataset.with_options(options)
     return dataset
+
+
+def pytest_collection_finish(session):
+    """Move what collection imported (TensorFlow, Keras, JAX: millions of objects) out of the collector's reach,
+    so that each full collection during the tests walks only what the tests made: 0.25-0.4 s less each."""
+    gc.collect()
+    gc.freeze()
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
+
+
+@pytest.fixture(autouse=True)
+def _collect_what_a_test_left_running():
+    """Collect the garbage of a test that left threads running, at its end.
+
+    tf.data iterators a test leaves in reference cycles keep their threads until Python's collector finds them.
+    Torn down late, each waited for its threads (the autotuner's among them) inside the collection of whichever
+    later test triggered it: pauses of 10-41 s without CPU in one fast loop (docs/testing.md). Collected at the end
+    of the test that started them, they go while young, in a fraction of a second.
+    """
+    before = _threads()
+    yield
+    if _threads() > before:
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 
@@ -23,8 +24,9 @@ def layers(nested: bool = False) -> dict[str, int]:
     return found
 
 
+@functools.cache
 def modules() -> dict[str, str]:
-    """Every module of rnnmon and of the tab: dotted name -> file."""
+    """Every module of rnnmon and of the tab: dotted name -> file (read once a session; not to be changed)."""
     found = {}
     for package, root in PACKAGE_ROOTS.items():
         for folder, _, files in os.walk(os.path.join(root, package)):
@@ -39,6 +41,14 @@ def modules() -> dict[str, str]:
 def imports(name: str, path: str, known: dict[str, str]) -> set[str]:
     """The rnnmon modules `name` imports, at any depth of its code (late imports count too; those under `if
     TYPE_CHECKING:`, which name a type for annotations and never run, do not)."""
+    return {target for target in _imported(name, path) if target in known}
+
+
+@functools.cache
+def _imported(name: str, path: str) -> frozenset[str]:
+    """Every module name `name`'s code imports, each resolved against the package's files (parsed once a session:
+    three tests walk the same trees)."""
+    known = modules()
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
     found = set()
     with open(path) as f:
@@ -57,7 +67,7 @@ def imports(name: str, path: str, known: dict[str, str]) -> set[str]:
                 found.add(target if target in known else module)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-    return {target for target in found if target in known}
+    return frozenset(found)
 
 
 def layer_of(name: str, table: dict[str, int]) -> int | None:

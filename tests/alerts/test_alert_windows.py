@@ -24,6 +24,7 @@ class SlowEpochEnd(keras.callbacks.Callback):
             time.sleep(1.3)  # checkpointing, a sample generation, ...: longer than the 1 s window
 
 
+@pytest.mark.slow  # 1.7 s of stalls and a second epoch's pipeline restart
 @pytest.mark.usefixtures("no_nvml")
 def test_one_slow_fetch_after_a_long_epoch_end_is_no_alert(tmp_path, traced_model):
     def delay(batch: int) -> float:  # the next epoch's first batch: the pipeline restarts

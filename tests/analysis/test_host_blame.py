@@ -38,6 +38,7 @@ def test_host_bound_names_the_slow_callback_and_its_cost(tmp_path, traced_model)
 
 
 @pytest.mark.usefixtures("no_nvml")
+@pytest.mark.slow  # a fresh trace at steps_per_execution=8 (2.5 s of CPU); the fast loop times one in test_input_wait
 def test_callback_time_is_per_batch_at_steps_per_execution_8(tmp_path):
     import keras
     import tensorflow as tf

@@ -38,6 +38,7 @@ JAX_STEPS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # JAX in a process of its own (2.2 s of CPU)
 def test_jax_compile_events_are_counted_and_timed_inside_the_step_they_happen_in():
     if importlib.util.find_spec("jax") is None:
         pytest.skip("jax is not installed")

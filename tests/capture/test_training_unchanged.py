@@ -26,7 +26,8 @@ def _train(model, start, callbacks):
 @pytest.mark.usefixtures("no_nvml")
 @pytest.mark.parametrize(("steps_per_execution", "measure"), [
     (1, None), pytest.param(3, True, marks=pytest.mark.slow),
-    (8, None),  # executions timed in Python (the warm-up, the first after it) and Keras's in-graph loop mixed
+    # executions timed in Python (the warm-up, the first after it) and Keras's in-graph loop mixed
+    pytest.param(8, None, marks=pytest.mark.slow),
 ])
 def test_losses_and_weights_identical(tmp_path, steps_per_execution, measure):
     # One model trains twice from the same start, so its train and test functions are traced once (1.3-1.5 s of CPU

@@ -26,7 +26,7 @@ from rnnmon.report import build_report, render_text
 
 FUZZ_S = float(os.environ.get("RNNMON_FUZZ_S", "8"))  # per test; raise it for a longer hunt
 # A second of another seed keeps each test in the fast loop (-m "not slow"); the hunt runs in the full suite.
-BUDGETS = [pytest.param(1.0, 12, id="quick"), pytest.param(FUZZ_S, 13, id="hunt", marks=pytest.mark.slow)]
+BUDGETS = [pytest.param(0.5, 12, id="quick"), pytest.param(FUZZ_S, 13, id="hunt", marks=pytest.mark.slow)]
 T0 = 1_790_000_000.0
 
 

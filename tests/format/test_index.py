@@ -187,8 +187,8 @@ def test_a_live_run_is_drawn_from_its_index_and_the_bytes_written_since(tmp_path
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A real 512 KiB tmpfs (root only)."""
-    with mounted_tmpfs(tmp_path / "disk", "512k") as mount:
+    """A real 256 KiB tmpfs (root only)."""
+    with mounted_tmpfs(tmp_path / "disk", "256k") as mount:
         yield mount
 
 
@@ -199,8 +199,8 @@ def test_a_full_disk_leaves_whole_index_records_and_the_data_wins(small_disk, ca
     step, refused = 1, 0
     while refused < 3:  # until the disk refused the events, or the index, a few times
         writer.table(schema.STEPS_TAG, [(s, 0, 1000.0 + 0.02 * s, 1000.0 + 0.02 * s + 0.015, 3.0 + s % 7,
-                                         np.nan if s == 1 else 5.0, 1) for s in range(step, step + 100)])
-        step += 100
+                                         np.nan if s == 1 else 5.0, 1) for s in range(step, step + 1000)])
+        step += 1000
         written = writer.flush()
         refused += not written or any("reading index" in r.getMessage() for r in caplog.records)
     writer.close()
