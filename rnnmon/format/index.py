@@ -165,6 +165,17 @@ def tag_of(series: str) -> str:
     return schema.GAPS_TAG if series.startswith("gaps.") else schema.PHASES_TAG
 
 
+def only_series(tag: str) -> str | None:
+    """The one series a drawn tag's chunks hold (steps, a GPU's util or SM activity); None for the tables of
+    intervals, whose groups are known only once a chunk is decoded."""
+    if tag == schema.STEPS_TAG:
+        return "steps"
+    device = schema.device_of(tag)
+    if device is None or not tag.startswith((schema.UTIL_TAG_PREFIX, schema.STATS_TAG_PREFIX)):
+        return None
+    return f"util{device}" if tag.startswith(schema.UTIL_TAG_PREFIX) else f"sm{device}"
+
+
 # --- series: what is drawn, from a chunk of a table --------------------------------------------------------
 def series_of(tag: str, rows: np.ndarray) -> Iterator[tuple[str, tuple[np.ndarray, ...]]]:
     """(series, (time, key, values)) for drawn points, (series, (start, end)) for intervals, of a table's rows."""

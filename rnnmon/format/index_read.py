@@ -18,13 +18,13 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from rnnmon.format import schema
-from rnnmon.format.decode import InvalidRecord, Stored, decode_chunks, marked_event, raw_value, stored_by
+from rnnmon.format.decode import Stored, decode_chunks, marked_event, stored_by
 from rnnmon.format.digest_file import covered_through
 from rnnmon.format.eventfile import TAIL_GRACE_S, RecordCursor, masked_crc32c, open_regular, truncated_at
 from rnnmon.format.index import (
@@ -38,6 +38,7 @@ from rnnmon.format.index import (
     empty_series,
     found_index_folder,
     intact,
+    only_series,
     series_of,
     tag_of,
 )
@@ -58,11 +59,25 @@ class IndexMismatch(ValueError):
 @dataclasses.dataclass
 class Part:
     """A stretch of one event file's index: record arrays by file name, and per series the rows after its last
-    level-0 record (time, key, values) or (start, end)."""
+    level-0 record (time, key, values) or (start, end): held in `rest`, or (the disk index's) read from the event
+    file by `reader` the first time `rest_of` is asked for them, since a window drawn from the chunks themselves
+    (a short one, intervals listed one by one) never needs them."""
 
     arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     rest: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
     mapped: frozenset[str] = frozenset()  # arrays mapped from the index files: the page cache's, not memory held
+    unread: set[str] = dataclasses.field(default_factory=set)  # series whose rest `reader` reads when asked
+    reader: Callable[[Part, str], tuple[np.ndarray, ...]] | None = None
+
+    def rest_of(self, series: str) -> tuple[np.ndarray, ...] | None:
+        """The rows of `series` after its last level-0 record; None where this part has none."""
+        if series in self.unread and self.reader is not None:
+            self.rest[series] = self.reader(self, series)
+            self.unread.discard(series)
+        return self.rest.get(series)
+
+    def rest_series(self) -> set[str]:
+        return set(self.rest) | self.unread
 
     def levels(self, series: str) -> list[np.ndarray]:
         out = []
@@ -151,13 +166,15 @@ class FileIndex:
         self.memory = Part()
 
     def _open_disk(self) -> None:
-        """Map the index files (whole records only), check them against the event file, read the rows after
-        each series' last level-0 record. Each series is read from the index as far as its chunk directory
-        reaches, and from the event file after that: the scan starts at the directory that reaches least (a
-        lagging file: an upload pass that failed midway), or where the digest's last record says every directory
-        is whole (`covered_through`), whichever is later: a series that simply stopped (the warm-up phase, a gap
-        cause seen early) ends its directory early, and a scan from there read every such run whole. A series
-        whose directory is lost is read from the event file whole (its pyramid set aside, with a note)."""
+        """Map the index files (whole records only) and check them against the event file; the rows after each
+        series' last level-0 record are read when a view first draws from its pyramid (`Part.rest_of`). Each
+        series is read from the index as far as its chunk directory reaches, and from the event file after that:
+        the scan starts at the directory that reaches least (a lagging file: an upload pass that failed midway),
+        or where the digest's last record says every directory is whole (`covered_through`), whichever is later:
+        a series that simply stopped (the warm-up phase, a gap cause seen early) ends its directory early, and a
+        scan from there read every such run whole. The scan decodes no chunk of a one-series tag its directory
+        names (`_listed`). A series whose directory is lost is read from the event file whole (its pyramid set
+        aside, with a note)."""
         arrays: dict[str, np.ndarray] = {}
         for name, size in self._disk_version or ():
             count = size // dtype_of(name).itemsize
@@ -193,14 +210,20 @@ class FileIndex:
             series = name.rsplit(".L", 1)[0]
             if not name.startswith("dir.") and series in last_time:
                 arrays[name] = arrays[name][:bisect_field(arrays[name], "t_last", last_time[series], "right")]
-        part = Part(arrays, mapped=frozenset(arrays))
-        for name in arrays:
-            if name.startswith("dir."):
-                part.rest[name[4:]] = self._rest_of(part, name[4:])
-        self.disk = part
+        self.disk = Part(arrays, mapped=frozenset(arrays), reader=self._read_rest,
+                         unread={name[4:] for name in arrays if name.startswith("dir.")})
         start = min(reach.values(), default=0)
         whole_through = covered_through(self.folder, event_size) if reach else 0  # the digest's last record
         self._restart(0 if lost else max(start, min(whole_through, end)), reach)
+
+    def _read_rest(self, part: Part, series: str) -> tuple[np.ndarray, ...]:
+        """`_rest_of`, read when first asked for; a disagreement stops the disk index's use (and raises)."""
+        try:
+            return self._rest_of(part, series)
+        except IndexMismatch as error:
+            raise self.damaged(str(error)) from None
+        except Exception as error:  # any other failure of the index: the data wins, with a note
+            raise self.damaged(f"{type(error).__name__}: {error}") from None
 
     def _rest_of(self, part: Part, series: str) -> tuple[np.ndarray, ...]:
         """The rows of `series` after its last level-0 record, read from the chunks its directory names."""
@@ -213,8 +236,8 @@ class FileIndex:
         if not intact(chunk):
             raise IndexMismatch(f"{dir_name(series)}: a record's checksum fails")
         pieces = [empty_series(series)]
-        for entry in chunk:
-            for name, parts in series_of(tag, self._chunk(entry, tag)):
+        for rows in read_chunks(self.path, chunk, tag, self.stored(tag)):
+            for name, parts in series_of(tag, rows):
                 if name == series:
                     keep = parts[0] > after
                     pieces.append(tuple(x[keep] for x in parts))
@@ -245,6 +268,8 @@ class FileIndex:
                     for value in event.summary.value:
                         if drawn(value.tag):
                             self._learn(value)
+                            if scan.problem is None and self._listed(value.tag, position):
+                                continue
                             staged.setdefault(value.tag, []).append((event.step, *where, position, value.tensor))
                 position += length
             for tag, chunks in staged.items():
@@ -256,6 +281,12 @@ class FileIndex:
         if grew:
             self.memory = Part(self._sink.arrays(), {
                 name: pyramid.pending for name, pyramid in self._builder.series.items()})
+
+    def _listed(self, tag: str, position: int) -> bool:
+        """A chunk of a one-series tag at `position` that the disk index's directory names: its rows are there
+        (the builder takes none before `since`), so it is not decoded."""
+        series = only_series(tag)
+        return series is not None and position < self._builder.since.get(series, 0)
 
     def _learn(self, value: Any) -> None:
         """Keep how a value's metadata describes its tag (its first value in the file carries it)."""
@@ -286,12 +317,13 @@ class FileIndex:
         return [self.disk, self.memory]
 
     def _chunk(self, entry: np.void, tag: str) -> np.ndarray:
-        return read_chunk(self.path, entry, tag, self.stored(tag))
+        return read_chunks(self.path, [entry], tag, self.stored(tag))[0]
 
-    def read(self, entry: np.void, series: str) -> np.ndarray:
-        """The rows of the chunk `entry` names; a disagreement stops the disk index's use (and raises)."""
+    def read(self, entries: list[np.void], tag: str) -> list[np.ndarray]:
+        """The rows of `tag` in each chunk `entries` name, read and decoded together; a disagreement stops the disk
+        index's use (and raises)."""
         try:
-            return self._chunk(entry, tag_of(series))
+            return read_chunks(self.path, entries, tag, self.stored(tag))
         except IndexMismatch as error:
             raise self.damaged(str(error)) from None
 
@@ -401,40 +433,50 @@ def listed_through(event_path: str) -> int:
     return end
 
 
-def read_chunk(path: str, entry: np.void, tag: str, stored: Stored | None = None) -> np.ndarray:
-    """The rows of `tag` in the event `entry` names, checked: framing, both checksums, event step, the tag."""
+def read_chunks(path: str, entries: np.ndarray | list[np.void], tag: str,
+                stored: Stored | None = None) -> list[np.ndarray]:
+    """The rows of `tag` in each event `entries` (directory records) name, each checked: framing, both checksums,
+    event step, the tag; then decoded and checked together (one call of `decode_chunks`, as a scan decodes them).
+    IndexMismatch at the first that fails."""
     from google.protobuf.message import DecodeError
     from tensorboard.compat.proto import event_pb2
 
-    offset, length, step = int(entry["offset"]), int(entry["length"]), int(entry["step"])
-    if length < 16:
-        raise IndexMismatch(f"no event located for step {step}")
+    if not len(entries):
+        return []
+    entries = np.array(entries, dtype=DIRECTORY) if isinstance(entries, list) else entries
     try:
         fd = open_regular(path)
     except OSError as error:
         raise IndexMismatch(f"cannot read the event file: {error.strerror or error}") from None
+    tensors, steps = [], []
     try:
-        data = os.pread(fd, length, offset)
+        for offset, length, step in zip(*(entries[field].tolist() for field in ("offset", "length", "step"))):
+            if length < 16:
+                raise IndexMismatch(f"no event located for step {step}")
+            data = os.pread(fd, length, offset)
+            size = length - 16
+            if (len(data) != length or struct.unpack_from("<Q", data)[0] != size
+                    or struct.unpack_from("<I", data, 8)[0] != masked_crc32c(data[:8])
+                    or struct.unpack_from("<I", data, 12 + size)[0] != masked_crc32c(data[12:12 + size])):
+                raise IndexMismatch(f"no whole event at byte {offset} of {os.path.basename(path)}")
+            try:
+                event = event_pb2.Event.FromString(data[12:12 + size])
+            except DecodeError:
+                raise IndexMismatch(f"no event at byte {offset}") from None
+            if event.step != step:
+                raise IndexMismatch(f"the event at byte {offset} is step {event.step}, the index says {step}")
+            value = next((value for value in event.summary.value if value.tag == tag), None)
+            if value is None:
+                raise IndexMismatch(f"the event at byte {offset} holds no {tag}")
+            tensors.append(value.tensor)
+            steps.append(step)
     finally:
         os.close(fd)
-    size = length - 16
-    if (len(data) != length or struct.unpack_from("<Q", data)[0] != size
-            or struct.unpack_from("<I", data, 8)[0] != masked_crc32c(data[:8])
-            or struct.unpack_from("<I", data, 12 + size)[0] != masked_crc32c(data[12:12 + size])):
-        raise IndexMismatch(f"no whole event at byte {offset} of {os.path.basename(path)}")
-    try:
-        event = event_pb2.Event.FromString(data[12:12 + size])
-    except DecodeError:
-        raise IndexMismatch(f"no event at byte {offset}") from None
-    if event.step != step:
-        raise IndexMismatch(f"the event at byte {offset} is step {event.step}, the index says {step}")
-    for value in event.summary.value:
-        if value.tag == tag:
-            try:
-                return raw_value(tag, value.tensor, stored)
-            except (InvalidRecord, ValueError) as error:
-                raise IndexMismatch(f"{tag} at step {step}: {error}") from None
-    raise IndexMismatch(f"the event at byte {offset} holds no {tag}")
+    rows, counts, _, failed = decode_chunks(tag, tensors, stored)
+    if failed:
+        first, error = failed[0]
+        raise IndexMismatch(f"{tag} at step {steps[first]}: {error}")
+    return np.split(rows, np.cumsum(counts)[:-1]) if len(counts) > 1 else [rows]
 
 
 class _Field:

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import mounted_tmpfs
+from conftest import bytes_read, mounted_tmpfs
 from rnnmon_tensorboard.indexed_timeline import IndexedTimeline
 from rnnmon_tensorboard.timeline import TimelineIndex
 
@@ -321,12 +321,6 @@ def test_a_lost_or_lagging_index_file_is_drawn_from_the_event_file_beyond_it(wri
         not timeline.notes, timeline.notes
 
 
-def _bytes_read() -> int:
-    """What this process has read through read(2) so far (Linux's /proc/self/io `rchar`)."""
-    with open("/proc/self/io") as io:
-        return int(next(line for line in io if line.startswith("rchar:")).split()[1])
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io")
 def test_a_series_that_stopped_early_does_not_make_the_first_read_scan_the_whole_file(tmp_path):
     """The warm-up phase, written once at the start, ends its directory there: the first read of an indexed run
@@ -340,12 +334,39 @@ def test_a_series_that_stopped_early_does_not_make_the_first_read_scan_the_whole
     (event_file,) = glob.glob(os.path.join(run.run_dir, "events.out.tfevents.*"))
     size = os.path.getsize(event_file)
     _indexed(_copy(run.run_dir, tmp_path))  # what a first read imports is read once, not counted below
-    before = _bytes_read()
+    before = bytes_read()
     timeline = _indexed(run.run_dir)
-    read = _bytes_read() - before - min(size, SCAN_BYTES)  # the head is read for the tags' descriptions
+    read = bytes_read() - before - min(size, SCAN_BYTES)  # the head is read for the tags' descriptions
     # bytes, not time: 2.5x the file here (the head once more, the chunks after each series' last pyramid
     # record); 3.4x when the scan started at the warm-up
     assert read < 3 * size, (read, size)
     drawn, whole = timeline.view(None, None, 1280), _whole(run.run_dir)
     assert drawn["phases"] == whole["phases"] and "warmup" in drawn["phases"]["kind"]
     assert drawn["steps"]["total"] == whole["steps"]["total"] == 140_000 - 1 and not timeline.notes
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io")
+def test_a_cold_whole_run_view_of_an_indexed_run_reads_less_than_its_event_file(tmp_path):
+    """Issue 30's cold /timeline (0.03-0.06 s of CPU at 1M steps): the first view of an indexed run read the file's
+    head 1 MiB at a time for each 64 KiB it looked at (the tags' descriptions, and the GPUs', even in a run without
+    any), and every series' rows after its last pyramid record from their chunks, drawn or not: 2.3x the event file
+    here. It reads the head only as far as it looks, the GPUs' descriptions where a GPU is drawn, and the rows after
+    a pyramid for a view that draws from it (intervals listed one by one are read from their own chunks)."""
+    run = LiveRun(str(tmp_path / "run" / "rnnmon"))
+    run.writer.table(schema.PHASES_TAG, [(schema.PHASE_KINDS.index("warmup"), run.t - 0.5, run.t)])
+    for _ in range(400):  # 80k steps: one digest record; 400 chunks: steps and gaps drawn from their pyramids
+        run.chunk(200)
+    run.close()
+    (event_file,) = glob.glob(os.path.join(run.run_dir, "events.out.tfevents.*"))
+    size = os.path.getsize(event_file)
+    _indexed(_copy(run.run_dir, tmp_path)).view(None, None, 200)  # what a first view imports, not counted below
+    before = bytes_read()
+    timeline = _indexed(run.run_dir)
+    drawn = timeline.view(None, None, 200)  # 400 gaps: binned at 200 points
+    read = bytes_read() - before
+    # 0.58x: the last 14k steps, past the digest's last record, scanned; 64 KiB of head twice; the rest read
+    assert read < 0.75 * size, (read, size)
+    whole = _whole(run.run_dir, points=200)
+    for drawn_kind in ("steps", "gaps", "phases"):
+        assert drawn[drawn_kind]["total"] == whole[drawn_kind]["total"], drawn_kind
+    assert drawn["gaps"]["binned"] and drawn["steps"]["total"] == 80_000 - 1 and not timeline.notes
