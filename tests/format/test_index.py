@@ -64,6 +64,22 @@ def test_the_writer_writes_an_index_beside_each_event_file_that_tensorboard_does
     assert len(steps) == (CHUNKS * PER_CHUNK - 1) // index.STEPS_BLOCK and index.intact(steps)
 
 
+@pytest.mark.parametrize("dtype", [index.INTERVALS, index.DIRECTORY, index.point_dtype(3)], ids=["40", "44", "192"])
+def test_many_records_are_checked_at_once_as_one_by_one_and_a_flipped_bit_fails_them(dtype):
+    """`intact` checks a long array (a whole-run view of gaps reads 14k level-0 records) byte column by byte column
+    of all records at once: it must agree with each record's own zlib.crc32, one flipped bit anywhere fails it."""
+    rng = np.random.default_rng(5)
+    count = 30 * dtype.itemsize  # past the size where all are checked at once
+    records = np.frombuffer(rng.bytes(count * dtype.itemsize), dtype=dtype).copy()
+    index.seal(records)
+    assert index.intact(records) and all(index.intact(records[i:i + 1]) for i in (0, count // 2, count - 1))
+    for at in (0, 3 * dtype.itemsize + 1, count * dtype.itemsize - 5, count * dtype.itemsize - 1):
+        flipped = records.copy()
+        flipped.view(np.uint8)[at] ^= 0x10
+        record = at // dtype.itemsize
+        assert not index.intact(flipped) and not index.intact(flipped[record:record + 1])
+
+
 def test_a_long_window_is_drawn_from_the_pyramid_with_every_extreme(written):
     whole, drawn = _whole(written), _indexed(written).view(None, None, 1280)
     assert drawn["origin"] == whole["origin"] and drawn["extent"] == whole["extent"]
