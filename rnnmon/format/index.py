@@ -25,8 +25,8 @@ bounded batch of records at a time. A run written before the index existed (form
 gets it built by its first reader and kept (`rnnmon.format.index_build`).
 
 This module holds what the files are: their names, record types and checksums, and the series a table's rows
-draw. Writing them: `rnnmon.format.index_write`; reading one event file's: `rnnmon.format.index_read`; a run's
-windows: `rnnmon.format.index_query`.
+draw. Writing them: `rnnmon.format.index_write`; reading one event file's: `rnnmon.format.index_read` (what it
+locates, checked: `rnnmon.format.index_located`); a run's windows: `rnnmon.format.index_query`.
 
 Example:
     >>> index_folder("runs/exp1/rnnmon/events.out.tfevents.1.host")   # runs/exp1/rnnmon/rnnmon-index/1.host

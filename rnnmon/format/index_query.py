@@ -18,7 +18,8 @@ import numpy as np
 from rnnmon.format.eventfile import EVENT_FILE_MARK
 from rnnmon.format.index import FAN, dir_name, intact
 from rnnmon.format.index_build import build_index
-from rnnmon.format.index_read import FileIndex, bisect_field, devices_in
+from rnnmon.format.index_located import devices_in
+from rnnmon.format.index_read import FileIndex, bisect_field
 
 
 class RunIndex:

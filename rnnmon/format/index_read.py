@@ -1,7 +1,6 @@
 """Reading one event file's index (`rnnmon.format.index` says what its files are): `FileIndex` maps the index on
-disk as far as the data agrees with it and indexes the event file's later bytes in memory; and the checked reads
-the digest's reader shares (a chunk directory, the listed document events, one located chunk, the GPUs a file
-describes).
+disk as far as the data agrees with it and indexes the event file's later bytes in memory (each read of what the
+index locates checked: `rnnmon.format.index_located`).
 
 Example:
     >>> index = FileIndex(event_path)
@@ -13,12 +12,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 import mmap
 import os
-import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,10 +23,8 @@ import numpy as np
 from rnnmon.format import schema
 from rnnmon.format.decode import Stored, decode_chunks, marked_event, stored_by
 from rnnmon.format.digest_file import covered_through
-from rnnmon.format.eventfile import TAIL_GRACE_S, RecordCursor, masked_crc32c, open_regular, truncated_at
+from rnnmon.format.eventfile import TAIL_GRACE_S, RecordCursor, open_regular, truncated_at
 from rnnmon.format.index import (
-    DIRECTORY,
-    DOCUMENTS,
     INDEX_FILE,
     MIN_EVENT_BYTES,
     dir_name,
@@ -42,20 +37,15 @@ from rnnmon.format.index import (
     series_of,
     tag_of,
 )
+from rnnmon.format.index_located import IndexMismatch, head_records, read_chunks
 from rnnmon.format.index_write import IndexBuilder
 
-HEAD_STEP_BYTES = 64 << 10  # a file's head is read this much at a time, until what is looked for is found
 SCAN_BYTES = 1 << 20  # event bytes indexed in memory at a time (a run without an index): ~4 MB of rows at once
-READ_BYTES = 1 << 20  # index file bytes read at a time
 _MARKS = tuple(tag.encode() for tag in (schema.STEPS_TAG, schema.PHASES_TAG, schema.GAPS_TAG, schema.UTIL_TAG_PREFIX,
                                         schema.STATS_TAG_PREFIX))
 
 
 # --- one event file ----------------------------------------------------------------------------------------
-class IndexMismatch(ValueError):
-    """The index and its event file disagree: the index is not used."""
-
-
 @dataclasses.dataclass
 class Part:
     """A stretch of one event file's index: record arrays by file name, and per series the rows after its last
@@ -328,37 +318,6 @@ class FileIndex:
             raise self.damaged(str(error)) from None
 
 
-def read_directory(path: str, event_size: int, last: bool = False, start: int = 0,
-                   limit: int | None = None) -> np.ndarray:
-    """The whole records of the chunk directory (`dir.*`) at `path` from record `start` on, at most `limit` of them
-    (with `last`, the last one only), read as event files are read: a regular file only, opened non-blocking, its
-    size taken from the descriptor. IndexMismatch where it cannot be read, or names more events than an event file
-    of `event_size` bytes can hold (a huge sparse file is refused before any read); FileNotFoundError where there is
-    none."""
-    name = os.path.basename(path)
-    try:
-        fd = open_regular(path)
-    except FileNotFoundError:
-        raise
-    except OSError as error:
-        raise IndexMismatch(f"cannot read {name}: {error.strerror or error}") from None
-    try:
-        count = os.fstat(fd).st_size // DIRECTORY.itemsize
-        if count > event_size // MIN_EVENT_BYTES + 1:
-            raise IndexMismatch(f"{name} names {count} events, more than its event file of {event_size} bytes holds")
-        first = count - 1 if last and count else min(start, count)
-        wanted = (count - first if limit is None else min(limit, count - first)) * DIRECTORY.itemsize
-        data = bytearray()
-        while len(data) < wanted:
-            piece = os.pread(fd, min(READ_BYTES, wanted - len(data)), first * DIRECTORY.itemsize + len(data))
-            if not piece:
-                break  # cut while read: its whole records so far
-            data += piece
-    finally:
-        os.close(fd)
-    return np.frombuffer(bytes(data), dtype=DIRECTORY, count=len(data) // DIRECTORY.itemsize)
-
-
 def _mapped(path: str, dtype: np.dtype, count: int) -> np.ndarray:
     """The first `count` records of the index file at `path`, mapped read-only; a FIFO, a device or a file cut
     below them is a disagreement (IndexMismatch), never a hang."""
@@ -373,110 +332,6 @@ def _mapped(path: str, dtype: np.dtype, count: int) -> np.ndarray:
     finally:
         os.close(fd)
     return np.frombuffer(mapped, dtype=dtype, count=count)
-
-
-def listed_documents(event_path: str, through: int) -> list[bytes] | None:
-    """The records of the events `dir.docs` lists before byte `through`, each checked (framing, both checksums,
-    each after the one before); None where the index has no `dir.docs` (written before it: scan the file instead);
-    IndexMismatch where `dir.docs` cannot be read or a listed event is not whole."""
-    try:
-        event_size = os.path.getsize(event_path)
-        entries = read_directory(os.path.join(found_index_folder(event_path), DOCUMENTS), event_size)
-    except FileNotFoundError:
-        return None
-    if not intact(entries):
-        raise IndexMismatch(f"{DOCUMENTS}: a record's checksum fails")
-    entries = entries[entries["offset"] < through]
-    records, after = [], 0
-    fd = open_regular(event_path)
-    try:
-        for offset, length in zip(entries["offset"].tolist(), entries["length"].tolist()):
-            if offset < after or offset + length > event_size:  # listed twice, overlapping, or past the file
-                raise IndexMismatch(f"no whole event at byte {offset}, where {DOCUMENTS} lists one")
-            data = os.pread(fd, length, offset)
-            size = length - 16
-            if (len(data) != length or length < 16 or struct.unpack_from("<Q", data)[0] != size
-                    or struct.unpack_from("<I", data, 8)[0] != masked_crc32c(data[:8])
-                    or struct.unpack_from("<I", data, 12 + size)[0] != masked_crc32c(data[12:12 + size])):
-                raise IndexMismatch(f"no whole event at byte {offset}, where {DOCUMENTS} lists one")
-            records.append(data[12:12 + size])
-            after = offset + length
-    finally:
-        os.close(fd)
-    return records
-
-
-def listed_through(event_path: str) -> int:
-    """The end of the last event the index of `event_path` names (0: none, or no index): every document event
-    before it is in `dir.docs` (a flush writes `dir.*` before its other files, `dir.docs` first, whole records in
-    step order). IndexMismatch where a directory cannot be read, or its last record fails its checksum or names
-    bytes past the event file's end."""
-    end = 0
-    folder = found_index_folder(event_path)
-    try:
-        names = [name for name in os.listdir(folder)
-                 if name == DOCUMENTS or (name.startswith("dir.") and INDEX_FILE.fullmatch(name))]
-    except OSError:
-        return 0
-    event_size = os.path.getsize(event_path)
-    for name in names:
-        try:
-            last = read_directory(os.path.join(folder, name), event_size, last=True)
-        except FileNotFoundError:
-            continue
-        if not intact(last):
-            raise IndexMismatch(f"{name}: a record's checksum fails")
-        if len(last):
-            end = max(end, int(last[0]["offset"]) + int(last[0]["length"]))
-    if end > event_size:
-        raise IndexMismatch(f"it names {end} bytes of events, the event file holds {event_size}")
-    return end
-
-
-def read_chunks(path: str, entries: np.ndarray | list[np.void], tag: str,
-                stored: Stored | None = None) -> list[np.ndarray]:
-    """The rows of `tag` in each event `entries` (directory records) name, each checked: framing, both checksums,
-    event step, the tag; then decoded and checked together (one call of `decode_chunks`, as a scan decodes them).
-    IndexMismatch at the first that fails."""
-    from google.protobuf.message import DecodeError
-    from tensorboard.compat.proto import event_pb2
-
-    if not len(entries):
-        return []
-    entries = np.array(entries, dtype=DIRECTORY) if isinstance(entries, list) else entries
-    try:
-        fd = open_regular(path)
-    except OSError as error:
-        raise IndexMismatch(f"cannot read the event file: {error.strerror or error}") from None
-    tensors, steps = [], []
-    try:
-        for offset, length, step in zip(*(entries[field].tolist() for field in ("offset", "length", "step"))):
-            if length < 16:
-                raise IndexMismatch(f"no event located for step {step}")
-            data = os.pread(fd, length, offset)
-            size = length - 16
-            if (len(data) != length or struct.unpack_from("<Q", data)[0] != size
-                    or struct.unpack_from("<I", data, 8)[0] != masked_crc32c(data[:8])
-                    or struct.unpack_from("<I", data, 12 + size)[0] != masked_crc32c(data[12:12 + size])):
-                raise IndexMismatch(f"no whole event at byte {offset} of {os.path.basename(path)}")
-            try:
-                event = event_pb2.Event.FromString(data[12:12 + size])
-            except DecodeError:
-                raise IndexMismatch(f"no event at byte {offset}") from None
-            if event.step != step:
-                raise IndexMismatch(f"the event at byte {offset} is step {event.step}, the index says {step}")
-            value = next((value for value in event.summary.value if value.tag == tag), None)
-            if value is None:
-                raise IndexMismatch(f"the event at byte {offset} holds no {tag}")
-            tensors.append(value.tensor)
-            steps.append(step)
-    finally:
-        os.close(fd)
-    rows, counts, _, failed = decode_chunks(tag, tensors, stored)
-    if failed:
-        first, error = failed[0]
-        raise IndexMismatch(f"{tag} at step {steps[first]}: {error}")
-    return np.split(rows, np.cumsum(counts)[:-1]) if len(counts) > 1 else [rows]
 
 
 class _Field:
@@ -495,37 +350,3 @@ class _Field:
 def bisect_field(array: np.ndarray, field: str, value: float, side: str) -> int:
     """`np.searchsorted` on one field of a record array, touching only log(n) records."""
     return (bisect.bisect_left if side == "left" else bisect.bisect_right)(_Field(array, field), value)
-
-
-def devices_in(path: str, max_bytes: int = 1 << 20) -> dict[int, dict[str, Any]]:
-    """The GPUs an event file describes (its util and stats tags' metadata: index, name, uuid, ...), from the first
-    event within `max_bytes` that names any: a writer describes each tag with its first value, all GPUs in one."""
-    from tensorboard.compat.proto import event_pb2
-
-    found: dict[int, dict[str, Any]] = {}
-    for record in itertools.chain.from_iterable(head_records(path, max_bytes)):
-        if schema.UTIL_TAG_PREFIX.encode() not in record and schema.STATS_TAG_PREFIX.encode() not in record:
-            continue
-        for value in event_pb2.Event.FromString(record).summary.value:
-            device = schema.device_of(value.tag)
-            if device is not None and value.metadata.plugin_data.plugin_name == schema.PLUGIN_NAME:
-                described = schema.parse_content(value.metadata.plugin_data.content).get("device")
-                if isinstance(described, dict):
-                    found.setdefault(device, described)
-        if found:  # a writer's first chunk holds every GPU's first value
-            return found
-    return found
-
-
-def head_records(path: str, max_bytes: int) -> Iterator[list[bytes]]:
-    """The whole records of the first `max_bytes` of the event file at `path`, `HEAD_STEP_BYTES` at a time, so a
-    reader that finds what it looks for early stops early (what a file describes is in its first records); nothing
-    where it cannot be read."""
-    cursor, more = RecordCursor(0), True
-    while more and cursor.offset < max_bytes:
-        try:
-            scan = cursor.scan(path, min(HEAD_STEP_BYTES, max_bytes - cursor.offset))
-        except OSError:
-            return
-        more = scan.more
-        yield scan.records

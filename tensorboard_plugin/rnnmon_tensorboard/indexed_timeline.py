@@ -28,8 +28,8 @@ import numpy as np
 
 from rnnmon.format import schema
 from rnnmon.format.index import series_of
+from rnnmon.format.index_located import IndexMismatch
 from rnnmon.format.index_query import RunIndex
-from rnnmon.format.index_read import IndexMismatch
 
 from .downsample import IntervalCoverage, minmax_indices
 

@@ -92,7 +92,7 @@ def test_a_scan_returns_a_bounded_batch_and_the_next_one_the_rest(tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io")
 def test_a_scan_of_a_few_bytes_reads_about_those_bytes_not_a_whole_read_chunk(tmp_path):
-    """A file's head is read 64 KiB at a time (`index_read.head_records`), for the tags' descriptions and the GPUs:
+    """A file's head is read 64 KiB at a time (`index_located.head_records`), for the tags' descriptions and the GPUs:
     each of those scans read 1 MiB ahead, 16 MiB for the first MiB of a run without GPUs."""
     records = [bytes([i % 256]) * 1000 for i in range(3000)]  # 3 MB of records
     path = str(tmp_path / "events.out.tfevents.1")
