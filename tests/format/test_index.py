@@ -171,6 +171,26 @@ def test_an_event_that_is_not_where_the_index_says_is_set_aside_and_noted(writte
     assert drawn["steps"] == _whole(run_dir, start, start + 1.0)["steps"]
 
 
+def test_a_rest_chunk_not_where_the_index_says_is_found_when_a_view_first_draws_from_the_pyramid(written, tmp_path):
+    """The rows after a series' last level-0 record are read when a view first draws from its pyramid, no longer
+    at open: a chunk there that is not where the index says still sets the index aside, and the view is drawn
+    from the data."""
+    run_dir = _copy(written, tmp_path)
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    path = os.path.join(folder, "dir.steps")
+    entries = np.fromfile(path, dtype=index.DIRECTORY)
+    last_record = np.fromfile(os.path.join(folder, "steps.L0"), dtype=index.point_dtype(3))[-1]
+    rest = np.flatnonzero(entries["t_last"] > last_record["t_last"])
+    assert len(rest) >= 2  # the last chunk is checked at open: one before it
+    entries[rest[-2]]["offset"] += 8
+    index.seal(entries).tofile(path)
+    timeline = _indexed(run_dir)
+    assert not timeline.notes  # not read yet
+    drawn = timeline.view(None, None, 1280)
+    assert any("disagrees with the data" in note for note in timeline.notes)
+    assert drawn["steps"] == _indexed(written).view(None, None, 1280)["steps"]
+
+
 def test_a_torn_index_tail_is_dropped_without_a_note(written, tmp_path):
     run_dir = _copy(written, tmp_path)
     (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
