@@ -228,6 +228,12 @@ def run_status(logdir) -> str | None:
         return None
 
 
+def bytes_read() -> int:
+    """What this process has read through read(2) so far (Linux's /proc/self/io `rchar`)."""
+    with open("/proc/self/io") as io:
+        return int(next(line for line in io if line.startswith("rchar:")).split()[1])
+
+
 @contextlib.contextmanager
 def mounted_tmpfs(folder, size: str):
     """A real tmpfs of `size` ("512k", "2m") mounted at the new folder `folder`, unmounted after; the test is

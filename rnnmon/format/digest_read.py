@@ -35,14 +35,8 @@ from rnnmon.format.digest_file import DigestMismatch, digested, read_records
 from rnnmon.format.eventfile import EVENT_FILE_MARK, RecordCursor
 from rnnmon.format.index import found_index_folder
 from rnnmon.format.index_build import build_index
-from rnnmon.format.index_read import (
-    FileIndex,
-    IndexMismatch,
-    devices_in,
-    listed_documents,
-    listed_through,
-    read_directory,
-)
+from rnnmon.format.index_located import IndexMismatch, devices_in, listed_documents, listed_through, read_directory
+from rnnmon.format.index_read import FileIndex
 from rnnmon.format.reader import RunData, RunReader
 
 DOCUMENT_TAGS = frozenset({schema.RUN_TAG, schema.FINDINGS_TAG, schema.ALERTS_TAG, schema.SHAPES_TAG,

@@ -201,7 +201,8 @@ class RecordCursor:
                 self._rewind(fd, size)
             if self._stuck is not None and self._stuck[:2] == (self.offset, size):
                 return Scan([], self.offset, self._stuck[2], modified=info.st_mtime)
-            return self._walk(_Window(fd, size), max_bytes, max_record_bytes, info.st_mtime)
+            until = size if max_bytes is None else min(size, self.offset + max_bytes)
+            return self._walk(_Window(fd, size, until), max_bytes, max_record_bytes, info.st_mtime)
         finally:
             os.close(fd)
 
@@ -292,10 +293,12 @@ class RecordCursor:
 
 
 class _Window:
-    """Bytes [start, start + len(data)) of an open file, read ahead in chunks, never past `size`."""
+    """Bytes [start, start + len(data)) of an open file, read ahead in chunks, never past `size`, nor past `until`
+    (where a scan stops walking) but for the bytes asked for (the record that crosses it)."""
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, until: int | None = None) -> None:
         self.fd, self.size = fd, size
+        self.until = size if until is None else until
         self.start, self.data = 0, b""
 
     def cover(self, position: int, count: int) -> bool:
@@ -307,7 +310,7 @@ class _Window:
         if self.start <= position and end <= held:
             return True
         keep = self.data[position - self.start:] if self.start <= position <= held else b""
-        want = min(self.size, max(end, position + READ_CHUNK_BYTES)) - position - len(keep)
+        want = min(self.size, max(end, min(position + READ_CHUNK_BYTES, self.until))) - position - len(keep)
         self.data, self.start = keep + _pread(self.fd, want, position + len(keep)), position
         return end <= self.start + len(self.data)  # False: the file shrank meanwhile
 

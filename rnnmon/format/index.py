@@ -25,8 +25,8 @@ bounded batch of records at a time. A run written before the index existed (form
 gets it built by its first reader and kept (`rnnmon.format.index_build`).
 
 This module holds what the files are: their names, record types and checksums, and the series a table's rows
-draw. Writing them: `rnnmon.format.index_write`; reading one event file's: `rnnmon.format.index_read`; a run's
-windows: `rnnmon.format.index_query`.
+draw. Writing them: `rnnmon.format.index_write`; reading one event file's: `rnnmon.format.index_read` (what it
+locates, checked: `rnnmon.format.index_located`); a run's windows: `rnnmon.format.index_query`.
 
 Example:
     >>> index_folder("runs/exp1/rnnmon/events.out.tfevents.1.host")   # runs/exp1/rnnmon/rnnmon-index/1.host
@@ -137,11 +137,33 @@ def seal(records: np.ndarray) -> np.ndarray:
 
 
 def intact(records: np.ndarray) -> bool:
-    """Every record's CRC matches."""
+    """Every record's CRC matches: record by record, or where there are many (a level of 14k records that a
+    whole-run view of gaps reads: 6 ms record by record, 2 ms so) byte column by byte column of all at once."""
     size = records.dtype.itemsize
+    if len(records) > 25 * size:
+        return bool((_crc32_by_column(records) == records["crc"]).all())
     raw = memoryview(np.ascontiguousarray(records).view(np.uint8).reshape(-1))  # sliced without copies
     return all(zlib.crc32(raw[at:at + size - 4]) == crc
                for at, crc in zip(range(0, len(raw), size), records["crc"].tolist()))
+
+
+def _crc32_by_column(records: np.ndarray) -> np.ndarray:
+    """zlib's CRC-32 of each record's bytes but its last 4, computed for all records at once, a byte at a time."""
+    raw = np.ascontiguousarray(records).view(np.uint8).reshape(len(records), records.dtype.itemsize)
+    crc = np.full(len(records), 0xFFFFFFFF, dtype=np.uint32)
+    for column in raw[:, :-4].T:
+        crc = _CRC_TABLE[(crc ^ column) & 0xFF] ^ (crc >> 8)
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+def _crc_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0xEDB88320), table >> 1).astype(np.uint32)
+    return table
+
+
+_CRC_TABLE = _crc_table()  # zlib's CRC-32 (reflected polynomial 0xEDB88320), a byte at a time
 
 
 INDEX_FILE = re.compile(r"dir\.(steps|util\d+|sm\d+|gaps\.d-?\d+\.c\d+|phases\.k\d+)"
@@ -163,6 +185,17 @@ def tag_of(series: str) -> str:
     if series.startswith("sm"):
         return f"{schema.STATS_TAG_PREFIX}{series[2:]}"
     return schema.GAPS_TAG if series.startswith("gaps.") else schema.PHASES_TAG
+
+
+def only_series(tag: str) -> str | None:
+    """The one series a drawn tag's chunks hold (steps, a GPU's util or SM activity); None for the tables of
+    intervals, whose groups are known only once a chunk is decoded."""
+    if tag == schema.STEPS_TAG:
+        return "steps"
+    device = schema.device_of(tag)
+    if device is None or not tag.startswith((schema.UTIL_TAG_PREFIX, schema.STATS_TAG_PREFIX)):
+        return None
+    return f"util{device}" if tag.startswith(schema.UTIL_TAG_PREFIX) else f"sm{device}"
 
 
 # --- series: what is drawn, from a chunk of a table --------------------------------------------------------

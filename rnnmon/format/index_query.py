@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -17,7 +18,8 @@ import numpy as np
 from rnnmon.format.eventfile import EVENT_FILE_MARK
 from rnnmon.format.index import FAN, dir_name, intact
 from rnnmon.format.index_build import build_index
-from rnnmon.format.index_read import FileIndex, bisect_field, devices_in
+from rnnmon.format.index_located import devices_in
+from rnnmon.format.index_read import FileIndex, bisect_field
 
 
 class RunIndex:
@@ -27,6 +29,7 @@ class RunIndex:
         self.run_dir = run_dir
         self.files: dict[str, FileIndex] = {}
         self.devices: dict[int, dict[str, Any]] = {}
+        self._described: set[str] = set()  # files whose GPUs are known (none until a GPU series is seen)
         self._unlisted: str | None = None
 
     def refresh(self) -> None:
@@ -41,9 +44,13 @@ class RunIndex:
             if index is None:
                 build_index(os.path.join(self.run_dir, name))  # a file without an index gets one, once
                 index = self.files[name] = FileIndex(os.path.join(self.run_dir, name))
-                for device, described in devices_in(index.path).items():
-                    self.devices.setdefault(device, described)
             index.refresh()
+            if name not in self._described and _draws_gpus(index):  # a file without GPUs: its head is not read
+                found = devices_in(index.path)
+                for device, described in found.items():
+                    self.devices.setdefault(device, described)
+                if found:
+                    self._described.add(name)
 
     @property
     def notes(self) -> list[str]:
@@ -64,7 +71,7 @@ class RunIndex:
         for index in self.files.values():
             for part in index.parts():
                 found |= {n[4:] for n in part.arrays if n.startswith("dir." + prefix)}
-                found |= {n for n in part.rest if n.startswith(prefix) and len(part.rest[n][0])}
+                found |= {n for n in part.rest_series() - found if n.startswith(prefix) and len(part.rest_of(n)[0])}
         return sorted(found)
 
     def extent(self) -> tuple[float, float]:
@@ -102,6 +109,14 @@ class RunIndex:
                 found += [(index, entry) for entry in entries]
         return rows, found
 
+    @staticmethod
+    def read(found: list[tuple[FileIndex, Any]], tag: str) -> list[np.ndarray]:
+        """The rows of `tag` in each chunk `chunks` found, in order, read and decoded together per file."""
+        rows: list[np.ndarray] = []
+        for index, group in itertools.groupby(found, key=lambda pair: pair[0]):
+            rows += index.read([entry for _, entry in group], tag)
+        return rows
+
     def records(self, series: str, lo: float, hi: float, wanted: int) -> tuple[list[np.ndarray], list[tuple]]:
         """Pyramid records of `series` that may overlap [lo, hi], from the coarsest level that still has about
         `wanted` records there (finer levels after its last record), and each part's rows after its last
@@ -109,8 +124,9 @@ class RunIndex:
         records, rests = [], []
         for index in self.files.values():
             for part in index.parts():
-                if series in part.rest:
-                    rests.append(part.rest[series])
+                rest = part.rest_of(series)
+                if rest is not None:
+                    rests.append(rest)
                 levels = part.levels(series)
                 if not levels:
                     continue
@@ -129,6 +145,10 @@ class RunIndex:
                         records.append(chosen)
                     start = len(array) * FAN
         return records, rests
+
+
+def _draws_gpus(index: FileIndex) -> bool:
+    return any(name.startswith(("dir.util", "dir.sm")) for part in index.parts() for name in part.arrays)
 
 
 def _window(array: np.ndarray, lo: float, hi: float, start: int = 0) -> tuple[int, int]:

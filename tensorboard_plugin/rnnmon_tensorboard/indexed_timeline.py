@@ -28,8 +28,8 @@ import numpy as np
 
 from rnnmon.format import schema
 from rnnmon.format.index import series_of
+from rnnmon.format.index_located import IndexMismatch
 from rnnmon.format.index_query import RunIndex
-from rnnmon.format.index_read import IndexMismatch
 
 from .downsample import IntervalCoverage, minmax_indices
 
@@ -120,7 +120,7 @@ class IndexedTimeline:
         columns = 3 if series == "steps" else 1
         rows, found = self.index.chunks(series, lo, hi, RAW_STEP_CHUNKS if series == "steps" else RAW_CHUNKS)
         if 0 <= rows <= RAW_ROWS:
-            parts = [p for fi, entry in found for name, p in series_of(_tag(series), fi.read(entry, series))
+            parts = [p for rows in self.index.read(found, _tag(series)) for name, p in series_of(_tag(series), rows)
                      if name == series]
             records: list[np.ndarray] = []
         else:
@@ -167,9 +167,8 @@ class IndexedTimeline:
         for group in groups:
             rows, found = self.index.chunks(group, lo, hi, RAW_CHUNKS)
             if 0 <= rows <= RAW_ROWS:  # a sparse group: exact, from its chunks
-                records, rests = [], [p for fi, entry in found
-                                      for name, p in series_of(_table_tag(group), fi.read(entry, group))
-                                      if name == group]
+                records, rests = [], [p for rows in self.index.read(found, _table_tag(group))
+                                      for name, p in series_of(_table_tag(group), rows) if name == group]
             else:
                 records, rests = self.index.records(group, lo, hi, COVERAGE_PER_BUCKET * limit)
             covered = np.zeros(limit + 1)
@@ -195,7 +194,7 @@ class IndexedTimeline:
     def _listed(self, found: list[tuple[Any, Any, str]], prefix: str, window: tuple[float, float, float],
                 label: str, names: tuple[str, ...]) -> dict[str, Any]:
         lo, hi, origin = window
-        rows = [fi.read(entry, group) for fi, entry, group in found]
+        rows = self.index.read([(fi, entry) for fi, entry, _ in found], _table_tag(prefix))
         table = np.concatenate(rows) if rows else np.empty((0, 4))
         if prefix == "phases.":  # [kind, start, end] as intervals [device, start, end, kind] of the process
             table = np.column_stack([np.full(len(table), schema.STEP_DEVICE), table[:, 1:3], table[:, 0]])

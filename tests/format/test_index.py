@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import mounted_tmpfs
+from conftest import bytes_read, mounted_tmpfs
 from rnnmon_tensorboard.indexed_timeline import IndexedTimeline
 from rnnmon_tensorboard.timeline import TimelineIndex
 
@@ -62,6 +62,22 @@ def test_the_writer_writes_an_index_beside_each_event_file_that_tensorboard_does
                    if root != written)
     steps = np.fromfile(os.path.join(folder, "steps.L0"), dtype=index.point_dtype(3))
     assert len(steps) == (CHUNKS * PER_CHUNK - 1) // index.STEPS_BLOCK and index.intact(steps)
+
+
+@pytest.mark.parametrize("dtype", [index.INTERVALS, index.DIRECTORY, index.point_dtype(3)], ids=["40", "44", "192"])
+def test_many_records_are_checked_at_once_as_one_by_one_and_a_flipped_bit_fails_them(dtype):
+    """`intact` checks a long array (a whole-run view of gaps reads 14k level-0 records) byte column by byte column
+    of all records at once: it must agree with each record's own zlib.crc32, one flipped bit anywhere fails it."""
+    rng = np.random.default_rng(5)
+    count = 30 * dtype.itemsize  # past the size where all are checked at once
+    records = np.frombuffer(rng.bytes(count * dtype.itemsize), dtype=dtype).copy()
+    index.seal(records)
+    assert index.intact(records) and all(index.intact(records[i:i + 1]) for i in (0, count // 2, count - 1))
+    for at in (0, 3 * dtype.itemsize + 1, count * dtype.itemsize - 5, count * dtype.itemsize - 1):
+        flipped = records.copy()
+        flipped.view(np.uint8)[at] ^= 0x10
+        record = at // dtype.itemsize
+        assert not index.intact(flipped) and not index.intact(flipped[record:record + 1])
 
 
 def test_a_long_window_is_drawn_from_the_pyramid_with_every_extreme(written):
@@ -153,6 +169,26 @@ def test_an_event_that_is_not_where_the_index_says_is_set_aside_and_noted(writte
     drawn = timeline.view(start, start + 1.0, 1280)
     assert any("disagrees with the data" in note for note in timeline.notes)
     assert drawn["steps"] == _whole(run_dir, start, start + 1.0)["steps"]
+
+
+def test_a_rest_chunk_not_where_the_index_says_is_found_when_a_view_first_draws_from_the_pyramid(written, tmp_path):
+    """The rows after a series' last level-0 record are read when a view first draws from its pyramid, no longer
+    at open: a chunk there that is not where the index says still sets the index aside, and the view is drawn
+    from the data."""
+    run_dir = _copy(written, tmp_path)
+    (folder,) = glob.glob(os.path.join(run_dir, index.INDEX_DIR, "*"))
+    path = os.path.join(folder, "dir.steps")
+    entries = np.fromfile(path, dtype=index.DIRECTORY)
+    last_record = np.fromfile(os.path.join(folder, "steps.L0"), dtype=index.point_dtype(3))[-1]
+    rest = np.flatnonzero(entries["t_last"] > last_record["t_last"])
+    assert len(rest) >= 2  # the last chunk is checked at open: one before it
+    entries[rest[-2]]["offset"] += 8
+    index.seal(entries).tofile(path)
+    timeline = _indexed(run_dir)
+    assert not timeline.notes  # not read yet
+    drawn = timeline.view(None, None, 1280)
+    assert any("disagrees with the data" in note for note in timeline.notes)
+    assert drawn["steps"] == _indexed(written).view(None, None, 1280)["steps"]
 
 
 def test_a_torn_index_tail_is_dropped_without_a_note(written, tmp_path):
@@ -321,12 +357,6 @@ def test_a_lost_or_lagging_index_file_is_drawn_from_the_event_file_beyond_it(wri
         not timeline.notes, timeline.notes
 
 
-def _bytes_read() -> int:
-    """What this process has read through read(2) so far (Linux's /proc/self/io `rchar`)."""
-    with open("/proc/self/io") as io:
-        return int(next(line for line in io if line.startswith("rchar:")).split()[1])
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io")
 def test_a_series_that_stopped_early_does_not_make_the_first_read_scan_the_whole_file(tmp_path):
     """The warm-up phase, written once at the start, ends its directory there: the first read of an indexed run
@@ -340,12 +370,39 @@ def test_a_series_that_stopped_early_does_not_make_the_first_read_scan_the_whole
     (event_file,) = glob.glob(os.path.join(run.run_dir, "events.out.tfevents.*"))
     size = os.path.getsize(event_file)
     _indexed(_copy(run.run_dir, tmp_path))  # what a first read imports is read once, not counted below
-    before = _bytes_read()
+    before = bytes_read()
     timeline = _indexed(run.run_dir)
-    read = _bytes_read() - before - min(size, SCAN_BYTES)  # the head is read for the tags' descriptions
+    read = bytes_read() - before - min(size, SCAN_BYTES)  # the head is read for the tags' descriptions
     # bytes, not time: 2.5x the file here (the head once more, the chunks after each series' last pyramid
     # record); 3.4x when the scan started at the warm-up
     assert read < 3 * size, (read, size)
     drawn, whole = timeline.view(None, None, 1280), _whole(run.run_dir)
     assert drawn["phases"] == whole["phases"] and "warmup" in drawn["phases"]["kind"]
     assert drawn["steps"]["total"] == whole["steps"]["total"] == 140_000 - 1 and not timeline.notes
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io")
+def test_a_cold_whole_run_view_of_an_indexed_run_reads_less_than_its_event_file(tmp_path):
+    """Issue 30's cold /timeline (0.03-0.06 s of CPU at 1M steps): the first view of an indexed run read the file's
+    head 1 MiB at a time for each 64 KiB it looked at (the tags' descriptions, and the GPUs', even in a run without
+    any), and every series' rows after its last pyramid record from their chunks, drawn or not: 2.3x the event file
+    here. It reads the head only as far as it looks, the GPUs' descriptions where a GPU is drawn, and the rows after
+    a pyramid for a view that draws from it (intervals listed one by one are read from their own chunks)."""
+    run = LiveRun(str(tmp_path / "run" / "rnnmon"))
+    run.writer.table(schema.PHASES_TAG, [(schema.PHASE_KINDS.index("warmup"), run.t - 0.5, run.t)])
+    for _ in range(400):  # 80k steps: one digest record; 400 chunks: steps and gaps drawn from their pyramids
+        run.chunk(200)
+    run.close()
+    (event_file,) = glob.glob(os.path.join(run.run_dir, "events.out.tfevents.*"))
+    size = os.path.getsize(event_file)
+    _indexed(_copy(run.run_dir, tmp_path)).view(None, None, 200)  # what a first view imports, not counted below
+    before = bytes_read()
+    timeline = _indexed(run.run_dir)
+    drawn = timeline.view(None, None, 200)  # 400 gaps: binned at 200 points
+    read = bytes_read() - before
+    # 0.58x: the last 14k steps, past the digest's last record, scanned; 64 KiB of head twice; the rest read
+    assert read < 0.75 * size, (read, size)
+    whole = _whole(run.run_dir, points=200)
+    for drawn_kind in ("steps", "gaps", "phases"):
+        assert drawn[drawn_kind]["total"] == whole[drawn_kind]["total"], drawn_kind
+    assert drawn["gaps"]["binned"] and drawn["steps"]["total"] == 80_000 - 1 and not timeline.notes

@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import bytes_read
 from synthetic_runs import write_gpu_run
 
 from rnnmon.format import schema
@@ -87,6 +88,22 @@ def test_a_scan_returns_a_bounded_batch_and_the_next_one_the_rest(tmp_path):
     assert [len(scan.records) for scan in scans] == [10] * 10
     assert [record for scan in scans for record in scan.records] == records
     assert cursor.scan(path).records == []  # nothing new
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io")
+def test_a_scan_of_a_few_bytes_reads_about_those_bytes_not_a_whole_read_chunk(tmp_path):
+    """A file's head is read 64 KiB at a time (`index_located.head_records`), for the tags' descriptions and the GPUs:
+    each of those scans read 1 MiB ahead, 16 MiB for the first MiB of a run without GPUs."""
+    records = [bytes([i % 256]) * 1000 for i in range(3000)]  # 3 MB of records
+    path = str(tmp_path / "events.out.tfevents.1")
+    with open(path, "wb") as f:
+        f.write(b"".join(frame(record) for record in records))
+    cursor = RecordCursor()
+    before = bytes_read()
+    scans = [cursor.scan(path, max_bytes=10_000) for _ in range(3)]
+    read = bytes_read() - before
+    assert [len(scan.records) for scan in scans] == [10] * 3 and scans[-1].more
+    assert read < 3 * (10_000 + 1016), read  # each scan its bytes and the record that crosses its end
 
 
 def _writer(run_dir: str) -> SummaryWriter:
