@@ -1,4 +1,4 @@
-"""rnnmon's compact tables (summary format versions 2 and 3): a chunk of rows packed into one bytes value.
+"""rnnmon's compact tables (summary format versions 2 to 5): a chunk of rows packed into one bytes value.
 
 Version 1 stored every table as float64 `[rows, columns]`: 56 bytes per step. Version 2 packs a chunk into a
 little-endian blob, stored as a scalar `DT_STRING` tensor:
@@ -21,6 +21,12 @@ begin and end follow from the previous row (begin = previous end + host gap). A 
 (each chunk's first step, a new fit or epoch, a different batch count) is an exception. Other tables have no
 exceptions: a chunk that does not fit its layout (a time over 35 minutes after the chunk's first, a non-integer
 utilization) is written as a version-1 float64 table instead, and readers take both.
+
+Format version 5 writes the same bodies behind a 17-byte header (magic b"rnm4" row by row, b"rnm5" as byte planes;
+layout id; rows uint32; anchor float64; the steps layout adds its exceptions, uint32) and deflates them as a raw
+stream (no zlib header or checksum: the event's CRC covers them) from 16 bytes on, so a 2-s utilization chunk of a
+dozen 5-byte rows shrinks too: about 13 bytes less per chunk of each GPU table, what a short fit's GPU data is made
+of (docs/performance.md). Readers take all four magics.
 
 Which columns a layout holds, and how each is stored (its storage code), is declared in `rnnmon.format.series`
 (`layout_of`) and, from format version 3, written in each tag's metadata, so a reader decodes a layout it did not
