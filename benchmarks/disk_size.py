@@ -10,9 +10,10 @@ The reading index (`rnnmon-index/`) counts too, each file in the group of its se
 steps; `util*`, `sm*`: gpu; `gaps.*`: gaps; phases and `dir.docs`: other), and the digest in a group of its own, so
 `bytes_per_step` is everything a run leaves on disk; `events`, `index` and `digest` split it.
 
-The real fit is one fit of a tiny LSTM for about `--fit-s` seconds on the fake NVML library (tests/fake_nvml.py:
-the real pynvml binding runs), with UtilizationMonitor's defaults, so its bytes per step and per GPU-second can
-be set beside the synthetic runs' (benchmarks/synthetic_run.py, same Recorder and writer on a virtual clock).
+The real fit is one fit of a tiny LSTM, stopped after `--fit-s` seconds of steps, on the fake NVML library
+(tests/fake_nvml.py: the real pynvml binding runs), with UtilizationMonitor's defaults, so its bytes per step and per
+GPU-second can be set beside the synthetic runs' (benchmarks/synthetic_run.py, same Recorder and writer on a
+virtual clock).
 
 Usage:
     python benchmarks/disk_size.py [--steps 100000] [--fit-s 30] [--runs gpu,input,fit] [--json]
@@ -119,17 +120,28 @@ def real_fit(seconds: float) -> dict[str, Any]:
     model = keras.Sequential([keras.Input((16, 8)), keras.layers.LSTM(16), keras.layers.Dense(1)])
     model.compile("adam", "mse")
     model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # tracing
-    started = time.perf_counter()
-    model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # the time of an epoch
-    epochs = max(1, round(seconds / (time.perf_counter() - started)))
+
+    class StopAfter(keras.callbacks.Callback):
+        """Ends the fit after `seconds` of steps, whatever the machine's load (a fit of whole epochs did not)."""
+
+        steps = 0
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.started = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.steps += 1
+            if time.perf_counter() - self.started >= seconds:
+                self.model.stop_training = True
+
     logdir = tempfile.mkdtemp(prefix="rnnmon-disk-")
+    stop = StopAfter()
     with installed(FakeNvmlLib([FakeGpu(utilization=lambda t: 20.0 + 70.0 * (int(t * 3) % 2),
                                         pids=[os.getpid()])])):
         started = time.perf_counter()
-        model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=[UtilizationMonitor(logdir)])
+        model.fit(x, y, batch_size=32, epochs=10_000, verbose=0, callbacks=[UtilizationMonitor(logdir), stop])
         elapsed = time.perf_counter() - started
-    history = epochs * (len(x) // 32)
-    return figures(os.path.join(logdir, "rnnmon"), history, elapsed, 1)
+    return figures(os.path.join(logdir, "rnnmon"), stop.steps, elapsed, 1)
 
 
 def main(argv: list[str] | None = None) -> int:

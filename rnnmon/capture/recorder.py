@@ -50,6 +50,7 @@ class Recorder:
         self._intervals = PhaseIntervals()
         devices = sampler.describe() if sampler else []
         self._device_info = {d["index"]: d for d in devices}
+        self._util_written: set[int] = set()  # GPUs whose utilization table (and so description) was written
         # A device without utilization (MIG without GPM) cannot show its own gaps: step phases stand in.
         measured = [d for d in devices if d.get("utilization", "nvml") in ("nvml", "gpm")]
         self._gpu_detectors = {d["index"]: GpuGapDetector(idle_pct) for d in measured}
@@ -164,13 +165,16 @@ class Recorder:
                 rows = np.asarray(samples, dtype=np.float64)
                 rows[:, 0] += offset
                 w.table(f"{schema.UTIL_TAG_PREFIX}{index}", rows, device=self._device_info[index])
+                self._util_written.add(index)
                 if steps:
                     self._window.add_util(index, rows[:, 1], self._idle_pct)
         for index, samples in chunk["stats"].items():
             if samples:
                 rows = np.asarray(samples, dtype=np.float64)
                 rows[:, 0] += offset
-                w.table(f"{schema.STATS_TAG_PREFIX}{index}", rows, device=self._device_info[index])
+                # a GPU is described once, by its first table: its utilization's where it has one
+                described = {} if index in self._util_written else {"device": self._device_info[index]}
+                w.table(f"{schema.STATS_TAG_PREFIX}{index}", rows, **described)
         if chunk["host"]:
             rows = np.asarray(chunk["host"], dtype=np.float64)
             rows[:, 0] += offset

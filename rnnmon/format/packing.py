@@ -1,4 +1,4 @@
-"""rnnmon's compact tables (summary format versions 2 and 3): a chunk of rows packed into one bytes value.
+"""rnnmon's compact tables (summary format versions 2 to 5): a chunk of rows packed into one bytes value.
 
 Version 1 stored every table as float64 `[rows, columns]`: 56 bytes per step. Version 2 packs a chunk into a
 little-endian blob, stored as a scalar `DT_STRING` tensor:
@@ -21,6 +21,12 @@ begin and end follow from the previous row (begin = previous end + host gap). A 
 (each chunk's first step, a new fit or epoch, a different batch count) is an exception. Other tables have no
 exceptions: a chunk that does not fit its layout (a time over 35 minutes after the chunk's first, a non-integer
 utilization) is written as a version-1 float64 table instead, and readers take both.
+
+Format version 5 writes the same bodies behind a 17-byte header (magic b"rnm4" row by row, b"rnm5" as byte planes;
+layout id; rows uint32; anchor float64; the steps layout adds its exceptions, uint32) and deflates them as a raw
+stream (no zlib header or checksum: the event's CRC covers them) from 16 bytes on, so a 2-s utilization chunk of a
+dozen 5-byte rows shrinks too: about 13 bytes less per chunk of each GPU table, what a short fit's GPU data is made
+of (docs/performance.md). Readers take all four magics.
 
 Which columns a layout holds, and how each is stored (its storage code), is declared in `rnnmon.format.series`
 (`layout_of`) and, from format version 3, written in each tag's metadata, so a reader decodes a layout it did not
@@ -50,13 +56,21 @@ from rnnmon.format import schema, series
 
 MAGIC = b"rnm2"  # rows stored row by row (format versions 2 and 3)
 PLANES_MAGIC = b"rnm3"  # rows stored as byte planes, "t" as differences (format version 4)
-MAGICS = (MAGIC, PLANES_MAGIC)
+COMPACT_MAGIC = b"rnm4"  # row by row, short header, raw deflate (format version 5)
+COMPACT_PLANES_MAGIC = b"rnm5"  # byte planes, short header, raw deflate (format version 5)
+MAGICS = (MAGIC, PLANES_MAGIC, COMPACT_MAGIC, COMPACT_PLANES_MAGIC)
+_PLANES = (PLANES_MAGIC, COMPACT_PLANES_MAGIC)
+_COMPACT = (COMPACT_MAGIC, COMPACT_PLANES_MAGIC)
 PLANES_VERSION = 4  # the format version from which writers write byte planes
+COMPACT_VERSION = 5  # the format version from which writers write the short header and raw deflate
 MAX_ROWS = 1 << 16  # rows in one chunk; the writer splits larger chunks
 _HEAD = struct.Struct("<4sB3xIId")
+_COMPACT_HEAD = struct.Struct("<4sBId")  # magic, layout id (+128: deflated), rows, anchor; steps: + exceptions
+_EXCEPTIONS = struct.Struct("<I")
 _I32 = 2**31 - 1
 _ZLIB = 0x80  # layout flag: the body is zlib-compressed
-_MIN_COMPRESS_BYTES = 64
+_MIN_ZLIB_BYTES = 64  # version 4 deflated bodies from this size
+_MIN_COMPRESS_BYTES = 16  # version 5 from this size: a util chunk's dozen rows shrink by a quarter
 _US = 1e6
 
 
@@ -170,16 +184,18 @@ def is_packed(value: bytes) -> bool:
     return value[:4] in MAGICS
 
 
-def encode(tag: str, rows: np.ndarray, layout: Layout | None = None, *, planes: bool = True) -> bytes | None:
+def encode(tag: str, rows: np.ndarray, layout: Layout | None = None, *, planes: bool = True,
+           compact: bool = True) -> bytes | None:
     """The chunk `rows` (float64, the layout's columns) packed for `tag` in `layout` (default: the declared one),
-    or None when it must stay a float64 table. `planes`: byte planes (b"rnm3", format version 4), else row by row
-    (b"rnm2", as versions 2 and 3 wrote)."""
+    or None when it must stay a float64 table. `planes`: byte planes where smaller (format version 4), else row by
+    row (b"rnm2", as versions 2 and 3 wrote); `compact` (with `planes`): the short header and raw deflate of
+    version 5 (b"rnm4", b"rnm5"), else version 4's (b"rnm2", b"rnm3")."""
     rows = np.asarray(rows, dtype=np.float64)
     layout = layout or _layout(tag)
     if layout is None or rows.ndim != 2 or not 0 < len(rows) <= MAX_ROWS or rows.shape[1] != len(layout.columns):
         return None
     if layout.id == _STEPS_LAYOUT:
-        return _encode_steps(rows, planes)
+        return _encode_steps(rows, planes, compact)
     time_column = rows[:, layout.time]
     if not np.isfinite(time_column).all():
         return None
@@ -205,7 +221,7 @@ def encode(tag: str, rows: np.ndarray, layout: Layout | None = None, *, planes: 
         if code in ("t", "d") and not (np.isfinite(stored).all() and stored.min() >= 0 and stored.max() <= _I32):
             return None
         out[f"c{i}"] = stored
-    return _pack(layout.id, len(rows), 0, anchor, out, b"", planes, layout.time)
+    return _pack(layout.id, len(rows), 0, anchor, out, b"", planes, compact, layout.time)
 
 
 def decode(tag: str, blob: bytes, layout: Layout | None = None) -> np.ndarray:
@@ -256,11 +272,7 @@ def _unpack(tag: str, blob: bytes, layout: Layout | None) -> tuple[bytes, int, i
 
     The body is inflated no further than the header's rows allow, and must be exactly that long.
     """
-    if len(blob) < _HEAD.size:
-        raise FormatError(f"packed chunk of {len(blob)} bytes is shorter than its header")
-    magic, layout_id, rows, exceptions, anchor = _HEAD.unpack_from(blob)
-    if magic not in MAGICS:
-        raise FormatError("packed chunk without the rnm2 or rnm3 magic")
+    magic, layout_id, rows, exceptions, anchor, start = _read_header(blob)
     if rows > MAX_ROWS or exceptions > rows or not math.isfinite(anchor):
         raise FormatError(f"packed chunk header claims {rows} rows, {exceptions} exceptions, anchor {anchor}")
     compressed, layout_id = layout_id & _ZLIB, layout_id & ~_ZLIB
@@ -272,20 +284,40 @@ def _unpack(tag: str, blob: bytes, layout: Layout | None) -> tuple[bytes, int, i
         raise FormatError(f"{exceptions} exceptions in a layout that has none")
     expected = rows * layout.dtype.itemsize + exceptions * per_exception
     if compressed:
-        inflater = zlib.decompressobj()
+        inflater = zlib.decompressobj(-15 if magic in _COMPACT else 15)
         try:
-            body = inflater.decompress(memoryview(blob)[_HEAD.size:], expected + 1)
+            body = inflater.decompress(memoryview(blob)[start:], expected + 1)
         except zlib.error as error:
             raise FormatError(f"packed chunk body does not inflate: {error}") from None
         if not inflater.eof or inflater.unused_data:
             raise FormatError(f"packed chunk body inflates past its {expected} bytes, or stops short")
     else:
-        body = bytes(blob[_HEAD.size:])
+        body = bytes(blob[start:])
     if len(body) != expected:
         raise FormatError(f"packed chunk body of {len(body)} bytes where the header implies {expected}")
-    if magic == PLANES_MAGIC:
+    if magic in _PLANES:
         body = _from_planes(body, rows, layout)
     return body, rows, exceptions, anchor
+
+
+def _read_header(blob: bytes) -> tuple[bytes, int, int, int, float, int]:
+    """(magic, layout byte, rows, exceptions, anchor, where the body starts) of a chunk of any version."""
+    magic = bytes(blob[:4])
+    if magic not in MAGICS:
+        raise FormatError("packed chunk without an rnm2, rnm3, rnm4 or rnm5 magic")
+    if magic not in _COMPACT:
+        if len(blob) < _HEAD.size:
+            raise FormatError(f"packed chunk of {len(blob)} bytes is shorter than its header")
+        return (*_HEAD.unpack_from(blob), _HEAD.size)
+    if len(blob) < _COMPACT_HEAD.size:
+        raise FormatError(f"packed chunk of {len(blob)} bytes is shorter than its header")
+    _, layout_id, rows, anchor = _COMPACT_HEAD.unpack_from(blob)
+    if layout_id & ~_ZLIB != _STEPS_LAYOUT:
+        return magic, layout_id, rows, 0, anchor, _COMPACT_HEAD.size
+    if len(blob) < _COMPACT_HEAD.size + _EXCEPTIONS.size:
+        raise FormatError(f"packed steps chunk of {len(blob)} bytes is shorter than its header")
+    (exceptions,) = _EXCEPTIONS.unpack_from(blob, _COMPACT_HEAD.size)
+    return magic, layout_id, rows, exceptions, anchor, _COMPACT_HEAD.size + _EXCEPTIONS.size
 
 
 def _to_planes(packed: np.ndarray) -> bytes:
@@ -354,7 +386,7 @@ def _rebuild(layout: Layout, parts: list[tuple[int, bytes, int, int, float]]) ->
     return table
 
 
-def _encode_steps(rows: np.ndarray, planes: bool) -> bytes | None:
+def _encode_steps(rows: np.ndarray, planes: bool, compact: bool) -> bytes | None:
     step, epoch, begin, end, wait_ms, gap_ms, batches = rows.T
     if not (np.isfinite(begin).all() and np.isfinite(end).all()):
         return None
@@ -368,34 +400,50 @@ def _encode_steps(rows: np.ndarray, planes: bool) -> bytes | None:
     regular &= np.abs(gap_ms * 1e3 - gap) <= 1.0  # NaN (a fit's first step) is never regular
     regular &= (duration >= 0) & (duration <= _I32) & (gap >= 0) & (gap <= _I32) & (wait >= -1) & (wait < _I32)
     regular &= (wait_ms == wait_ms) | (wait == -1)
-    compact = np.zeros(len(rows), dtype=_STEP_ROW)
-    compact["duration_us"] = np.where(regular, duration, 0)
-    compact["input_wait_us"] = np.where(regular, wait, 0)
-    compact["host_gap_us"] = np.where(regular, gap, 0)
+    packed = np.zeros(len(rows), dtype=_STEP_ROW)
+    packed["duration_us"] = np.where(regular, duration, 0)
+    packed["input_wait_us"] = np.where(regular, wait, 0)
+    packed["host_gap_us"] = np.where(regular, gap, 0)
     irregular = np.flatnonzero(~regular)
     exceptions = np.column_stack([irregular, rows[irregular]]).astype("<f8")
-    return _pack(_STEPS_LAYOUT, len(rows), len(irregular), anchor, compact, exceptions.tobytes(), planes)
+    return _pack(_STEPS_LAYOUT, len(rows), len(irregular), anchor, packed, exceptions.tobytes(), planes, compact)
 
 
 def _pack(layout_id: int, rows: int, exceptions: int, anchor: float, packed: np.ndarray, extra: bytes,
-          planes: bool, time: int | None = None) -> bytes:
-    """Header and body of a chunk, the smaller of: the packed rows row by row (b"rnm2"), and with `planes`, as byte
-    planes with the time column `c<time>` as differences (b"rnm3"); then `extra` (the exception rows)."""
-    chunks = [_packed(MAGIC, layout_id, rows, exceptions, anchor, packed.tobytes() + extra)]
+          planes: bool, compact: bool, time: int | None = None) -> bytes:
+    """Header and body of a chunk, the smaller of: the packed rows row by row (b"rnm2", b"rnm4"), and with `planes`,
+    as byte planes with the time column `c<time>` as differences (b"rnm3", b"rnm5"); then `extra` (the exception
+    rows)."""
+    compact = compact and planes
+    magics = (COMPACT_MAGIC, COMPACT_PLANES_MAGIC) if compact else (MAGIC, PLANES_MAGIC)
+    chunks = [_packed(magics[0], layout_id, rows, exceptions, anchor, packed.tobytes() + extra)]
     if planes:  # whichever is smaller: planes pay off from a few dozen rows, not on a poll's few
         if time is not None:
             packed = packed.copy()
             packed[f"c{time}"] = np.diff(packed[f"c{time}"], prepend=0)
-        chunks.append(_packed(PLANES_MAGIC, layout_id, rows, exceptions, anchor, _to_planes(packed) + extra))
+        chunks.append(_packed(magics[1], layout_id, rows, exceptions, anchor, _to_planes(packed) + extra))
     return min(chunks, key=len)
 
 
 def _packed(magic: bytes, layout_id: int, rows: int, exceptions: int, anchor: float, body: bytes) -> bytes:
-    if len(body) >= _MIN_COMPRESS_BYTES:
-        compressed = zlib.compress(body, 1)
+    """The header and `body`, deflated where that saves a tenth or more: a poll's few rows too (version 5 tries
+    from 16 bytes, version 4 from 64), in a raw stream (version 5: no zlib header and checksum, 6 bytes a chunk;
+    the event's CRC covers it)."""
+    compact = magic in _COMPACT
+    if len(body) >= (_MIN_COMPRESS_BYTES if compact else _MIN_ZLIB_BYTES):
+        deflater = zlib.compressobj(1, zlib.DEFLATED, -15 if compact else 15)
+        compressed = deflater.compress(body) + deflater.flush()
         if len(compressed) <= 0.9 * len(body):
-            return _HEAD.pack(magic, layout_id | _ZLIB, rows, exceptions, anchor) + compressed
-    return _HEAD.pack(magic, layout_id, rows, exceptions, anchor) + body
+            return _header(magic, layout_id | _ZLIB, rows, exceptions, anchor) + compressed
+    return _header(magic, layout_id, rows, exceptions, anchor) + body
+
+
+def _header(magic: bytes, layout_id: int, rows: int, exceptions: int, anchor: float) -> bytes:
+    """Version 4's 24 bytes, or version 5's 17 (21 for steps: their exceptions' count; others have none)."""
+    if magic not in _COMPACT:
+        return _HEAD.pack(magic, layout_id, rows, exceptions, anchor)
+    head = _COMPACT_HEAD.pack(magic, layout_id, rows, anchor)
+    return head + _EXCEPTIONS.pack(exceptions) if layout_id & ~_ZLIB == _STEPS_LAYOUT else head
 
 
 def _rebuild_steps(parts: list[tuple[int, bytes, int, int, float]], counts: np.ndarray) -> np.ndarray:

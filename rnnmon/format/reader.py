@@ -515,8 +515,11 @@ class RunReader:
             device = schema.device_of(tag)
             if device is not None:
                 content = self._content.get(tag) or {}
-                described = content.get("device")
-                out.devices[device] = described if isinstance(described, dict) else {"index": device}
+                described = content.get("device")  # on the GPU's first table only (both before format 5)
+                if isinstance(described, dict):
+                    out.devices[device] = described
+                else:
+                    out.devices.setdefault(device, {"index": device})
                 (out.util if tag.startswith(schema.UTIL_TAG_PREFIX) else out.stats)[device] = table.view()
             else:
                 setattr(out, _TABLE_FIELDS[tag], table.view())

@@ -101,7 +101,7 @@ def tensor_metadata(tag: str, fmt: series.Format = series.FORMAT, **extra: Any) 
     content.update(extra)
     return summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(
-            plugin_name=PLUGIN_NAME, content=json.dumps(content).encode()),
+            plugin_name=PLUGIN_NAME, content=json.dumps(content, separators=(",", ":")).encode()),
         data_class=summary_pb2.DATA_CLASS_TENSOR,
     )
 

@@ -150,7 +150,9 @@ GAPS = Table(GAPS_TAG, 2, ROWS_CODEC, (
            exported=("rnnmon_gpu_idle_seconds_total",)),
 ))
 
-FORMAT_VERSION = 4  # 3: metadata names storage codes and layout id; 4: chunks as byte planes (b"rnm3")
+# 3: metadata names storage codes and layout id; 4: chunks as byte planes (b"rnm3"); 5: chunks' short header and raw
+# deflate (b"rnm4", b"rnm5"), a GPU described on its first table only, metadata JSON without spaces
+FORMAT_VERSION = 5
 FORMAT = Format(FORMAT_VERSION, (STEPS, PHASES, UTIL, STATS, HOST, GAPS))
 
 

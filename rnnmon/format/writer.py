@@ -76,8 +76,9 @@ class SummaryWriter:
                 self.table(tag, array[first:first + packing.MAX_ROWS], **extra)
             return
         layout = packing.layout_of(tag, self.format)
-        packed = (packing.encode(tag, array, layout, planes=self.format.version >= packing.PLANES_VERSION)
-                  if layout is not None else None)
+        version = self.format.version
+        packed = (packing.encode(tag, array, layout, planes=version >= packing.PLANES_VERSION,
+                                 compact=version >= packing.COMPACT_VERSION) if layout is not None else None)
         if packed is not None:
             proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[packed])
         else:  # version 1's float64 table: phases, and chunks a packed layout cannot hold
@@ -96,7 +97,7 @@ class SummaryWriter:
     def scalar(self, tag: str, value: float, step: int) -> None:
         """A standard scalar, shown in TensorBoard's Scalars tab beside the loss."""
         proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[value])
-        self._add(tag, proto, lambda: scalar_metadata.create_summary_metadata(display_name=tag, description=""),
+        self._add(tag, proto, lambda: scalar_metadata.create_summary_metadata(display_name="", description=""),
                   step)
 
     @property

@@ -1,5 +1,6 @@
-"""Format version 4's byte planes (b"rnm3") and 256-step pyramid records: smaller chunks and index, the same rows,
-and runs of version 3 (b"rnm2" chunks, 64-step records) still read and report as they did."""
+"""Format version 4's byte planes (b"rnm3") and 256-step pyramid records, and version 5's short header and raw deflate
+(b"rnm4", b"rnm5"): smaller chunks and index, the same rows, and runs of version 3 (b"rnm2" chunks, 64-step records)
+still read and report as they did."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from rnnmon.report import build_report
 
 T0 = 1_790_000_000.0
 VERSION_3 = series.Format(3, series.FORMAT.tables)  # the writer before byte planes
+VERSION_4 = series.Format(4, series.FORMAT.tables)  # the writer before the short header (b"rnm3")
 # 1,080 steps and gaps in 270 chunks of 4, by the version-3 writer (December 2026, before byte planes): b"rnm2" chunks,
 # its index with 64-step records, a Scalars-tab mean per flush; step 778 waited 30 ms, the others 9.5-14
 FORMAT_3_RUN = os.path.join(os.path.dirname(__file__), "fixtures", "format-3-run.tar.gz")
@@ -54,26 +56,31 @@ def test_a_steady_chunk_packs_into_fewer_bytes_as_byte_planes():
 @pytest.mark.parametrize("tag", list(_chunks()))
 def test_planes_and_rows_decode_to_the_same_table(tag):
     rows = _chunks()[tag]
-    planes, by_row = packing.encode(tag, rows), packing.encode(tag, rows, planes=False)
-    assert planes[:4] == packing.PLANES_MAGIC and by_row[:4] == packing.MAGIC and len(planes) < len(by_row)
-    np.testing.assert_array_equal(packing.decode(tag, planes), packing.decode(tag, by_row))
-    _, counts, errors = packing.decode_many(tag, [by_row, planes])  # one tag may hold both
-    assert errors == [] and counts == [(0, len(rows)), (1, len(rows))]
+    v5, v4, by_row = (packing.encode(tag, rows), packing.encode(tag, rows, compact=False),
+                      packing.encode(tag, rows, planes=False))
+    assert v5[:4] == packing.COMPACT_PLANES_MAGIC and v4[:4] == packing.PLANES_MAGIC and by_row[:4] == packing.MAGIC
+    assert len(v5) < len(v4) < len(by_row)
+    for blob in (v5, v4):
+        np.testing.assert_array_equal(packing.decode(tag, blob), packing.decode(tag, by_row))
+    _, counts, errors = packing.decode_many(tag, [by_row, v4, v5])  # one tag may hold all three
+    assert errors == [] and counts == [(0, len(rows)), (1, len(rows)), (2, len(rows))]
 
 
 def test_a_polls_few_rows_stay_row_by_row_where_that_is_smaller():
     rows = _chunks()[schema.HOST_TAG][:2]
-    assert packing.encode(schema.HOST_TAG, rows)[:4] == packing.MAGIC
+    assert packing.encode(schema.HOST_TAG, rows)[:4] == packing.COMPACT_MAGIC
+    assert packing.encode(schema.HOST_TAG, rows, compact=False)[:4] == packing.MAGIC
 
 
-def test_planes_whose_time_differences_leave_int32_are_refused():
+@pytest.mark.parametrize(("compact", "head", "wbits"), [(False, 24, 15), (True, 17, -15)])
+def test_planes_whose_time_differences_leave_int32_are_refused(compact, head, wbits):
     rows = _chunks()[f"{schema.UTIL_TAG_PREFIX}0"][:40]
-    blob = packing.encode(f"{schema.UTIL_TAG_PREFIX}0", rows, planes=True)
-    assert blob[:4] == packing.PLANES_MAGIC and blob[4] == 3 | 0x80  # layout 3, compressed
-    body = bytearray(zlib.decompress(blob[24:]))
+    blob = packing.encode(f"{schema.UTIL_TAG_PREFIX}0", rows, planes=True, compact=compact)
+    assert blob[:4] in packing.MAGICS[1::2] and blob[4] == 3 | 0x80  # planes, layout 3, compressed
+    body = bytearray(zlib.decompress(blob[head:], wbits))
     body[4 * 40 - 2:4 * 40] = b"\x7f\x7f"  # the last two rows' differences' high bytes: each near 2^31 now
     with pytest.raises(packing.FormatError, match="beyond int32"):
-        packing.decode(f"{schema.UTIL_TAG_PREFIX}0", blob[:4] + bytes([3]) + blob[5:24] + bytes(body))
+        packing.decode(f"{schema.UTIL_TAG_PREFIX}0", blob[:4] + bytes([3]) + blob[5:head] + bytes(body))
 
 
 def _write(run_dir: str, fmt: series.Format) -> None:
@@ -88,18 +95,21 @@ def _write(run_dir: str, fmt: series.Format) -> None:
     writer.close()
 
 
-def test_a_version_3_run_reads_and_reports_as_the_same_run_written_in_version_4(tmp_path):
+@pytest.mark.parametrize("today", ["v4", "v5"])
+def test_a_version_3_run_reads_and_reports_as_the_same_run_written_in_a_later_version(tmp_path, today):
     """The real writer, given version 3's format, writes b"rnm2" chunks; today's reader reads them, and the report
-    on them is the report on version 4's file of the same rows."""
+    on them is the report on version 4's (b"rnm3") or 5's (b"rnm5") file of the same rows."""
     _write(str(tmp_path / "v3" / "run" / "rnnmon"), VERSION_3)
-    _write(str(tmp_path / "v4" / "run" / "rnnmon"), series.FORMAT)
+    _write(str(tmp_path / "v4" / "run" / "rnnmon"),
+           VERSION_4 if today == "v4" else series.FORMAT)
     sizes = {}
     for version in ("v3", "v4"):
         (path,) = glob.glob(str(tmp_path / version / "run" / "rnnmon" / "events.out.tfevents.*"))
         with open(path, "rb") as f:
             data = f.read()
         sizes[version] = len(data)
-        assert (packing.MAGIC if version == "v3" else packing.PLANES_MAGIC) in data
+        magic = {"v3": packing.MAGIC, "v4": packing.PLANES_MAGIC, "v5": packing.COMPACT_PLANES_MAGIC}
+        assert magic[version if version == "v3" else today] in data
     assert sizes["v4"] < 0.8 * sizes["v3"]
     old, new = (read_logdir(str(tmp_path / v))["run/rnnmon"] for v in ("v3", "v4"))
     assert old.errors == new.errors == [] and old.notes == new.notes == []

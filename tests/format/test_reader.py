@@ -293,9 +293,15 @@ def _steps_row_by_row(blob: bytes) -> np.ndarray:
     import struct
     import zlib
 
-    magic, layout, rows, exceptions, _ = struct.unpack_from("<4sB3xIId", blob)
-    body = zlib.decompress(blob[24:]) if layout & 0x80 else blob[24:]
-    if magic == b"rnm3":  # byte planes: field f's byte b of row r at (4f + b) * rows + r
+    magic = blob[:4]
+    if magic in (b"rnm4", b"rnm5"):  # version 5: magic, layout, rows, anchor, exceptions; a raw deflate stream
+        _, layout, rows, _, exceptions = struct.unpack_from("<4sBIdI", blob)
+        head, wbits = 21, -15
+    else:
+        _, layout, rows, exceptions, _ = struct.unpack_from("<4sB3xIId", blob)
+        head, wbits = 24, 15
+    body = zlib.decompress(blob[head:], wbits) if layout & 0x80 else blob[head:]
+    if magic in (b"rnm3", b"rnm5"):  # byte planes: field f's byte b of row r at (4f + b) * rows + r
         planes = np.frombuffer(body[: 12 * rows], dtype=np.uint8).reshape(3, 4, rows)
         compact = np.ascontiguousarray(planes.transpose(2, 0, 1)).view("<i4").reshape(rows, 3)
     else:
