@@ -15,7 +15,7 @@ from tensorboard.compat.proto import event_pb2
 
 from rnnmon.format import packing, schema, series
 from rnnmon.format.eventfile import scan_records
-from rnnmon.format.index_read import devices_in
+from rnnmon.format.index_located import devices_in
 from rnnmon.format.logdir import read_logdir
 from rnnmon.format.writer import SummaryWriter
 from rnnmon.report import build_report
