@@ -258,7 +258,8 @@ def test_demo_runs_side_by_side(tab):
     assert tile.locator(".rm-tile-note").inner_text() == "of step time"
     finding = input_bound.locator(".rm-finding[data-code='INPUT_BOUND'] .rm-finding-text").inner_text()
     stated = re.search(r"is (\d+)% of step time", finding)
-    assert stated and round(float(tile.locator(".rm-tile-value").inner_text().rstrip("%"))) == int(stated[1]), finding
+    shown = float(tile.locator(".rm-tile-value").inner_text().rstrip("%"))  # one decimal; the finding none
+    assert stated and abs(shown - int(stated[1])) <= 0.55, (shown, finding)  # 75.5% on the card is 75% (0.7549...)
     assert "INPUT_BOUND" not in tuned.inner_text() and "INPUT_BOUND" not in tuned.locator(".rm-finding").evaluate_all(
         codes)
     assert "No alerts in the runs shown" in frame.locator("#rm-alerts").inner_text()
