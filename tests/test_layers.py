@@ -38,16 +38,11 @@ def modules() -> dict[str, str]:
     return found
 
 
-def imports(name: str, path: str, known: dict[str, str]) -> set[str]:
-    """The rnnmon modules `name` imports, at any depth of its code (late imports count too; those under `if
-    TYPE_CHECKING:`, which name a type for annotations and never run, do not)."""
-    return {target for target in _imported(name, path) if target in known}
-
-
 @functools.cache
-def _imported(name: str, path: str) -> frozenset[str]:
-    """Every module name `name`'s code imports, each resolved against the package's files (parsed once a session:
-    three tests walk the same trees)."""
+def imports(name: str, path: str) -> frozenset[str]:
+    """The rnnmon modules `name` imports, at any depth of its code (late imports count too; those under `if
+    TYPE_CHECKING:`, which name a type for annotations and never run, do not). Parsed once a session: three tests
+    walk the same trees."""
     known = modules()
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
     found = set()
@@ -67,7 +62,7 @@ def _imported(name: str, path: str) -> frozenset[str]:
                 found.add(target if target in known else module)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-    return frozenset(found)
+    return frozenset(target for target in found if target in known)
 
 
 def layer_of(name: str, table: dict[str, int]) -> int | None:
@@ -88,7 +83,7 @@ def test_no_module_imports_from_a_higher_layer():
     table, known = layers(), modules()
     upward = []
     for name, path in sorted(known.items()):
-        for target in imports(name, path, known):
+        for target in imports(name, path):
             if layer_of(target, table) > layer_of(name, table):
                 upward.append(f"{name} (layer {layer_of(name, table)}) imports {target} "
                               f"(layer {layer_of(target, table)})")
@@ -106,7 +101,7 @@ def test_no_module_imports_from_a_higher_sub_layer_of_its_folder():
     inner, known = layers(nested=True), modules()
     upward = []
     for name in sorted(inner):
-        for target in imports(name, known[name], known):
+        for target in imports(name, known[name]):
             if target in inner and target.rpartition(".")[0] == name.rpartition(".")[0] and inner[target] > inner[name]:
                 upward.append(f"{name} ({inner[name]}) imports {target} ({inner[target]})")
     assert upward == []
@@ -116,7 +111,7 @@ def test_no_import_circle():
     """No module reaches itself through its imports, late ones included (modules of one layer may import each other,
     so the layers alone do not rule a circle out)."""
     known = modules()
-    graph = {name: imports(name, path, known) for name, path in known.items()}
+    graph = {name: imports(name, path) for name, path in known.items()}
     circles, state = [], {}  # state: 1 on the current path, 2 done
 
     def visit(name: str, path: list[str]) -> None:
