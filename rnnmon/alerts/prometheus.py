@@ -318,6 +318,11 @@ class _Endpoint:
             self._close()
 
     def _close(self) -> None:
+        # The serve loop sees shutdown() only when its select() returns, up to 0.5 s later (prometheus_client's
+        # poll). On Linux, shutting the listening socket down makes it readable at once: the loop wakes, its
+        # accept fails quietly, and it sees the request. Elsewhere that call fails and the poll is waited out.
+        with contextlib.suppress(OSError):
+            self.server.socket.shutdown(socket.SHUT_RDWR)
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5.0)

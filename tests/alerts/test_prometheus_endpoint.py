@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+import socketserver
 import subprocess
 import sys
 import threading
@@ -56,6 +57,20 @@ def test_dropped_monitors_leave_no_port_thread_or_descriptor(tmp_path):
     assert wait_for(lambda: refused(port)), "the endpoint outlived its monitors"
     assert wait_for(lambda: threading.active_count() <= threads), threading.enumerate()
     assert wait_for(lambda: len(os.listdir("/proc/self/fd")) <= fds)
+
+
+def test_the_last_monitor_dropped_closes_the_endpoint_without_waiting_out_the_serve_loops_poll(tmp_path, monkeypatch):
+    # prometheus_client serves with socketserver's serve_forever, which sees a shutdown when its select() returns:
+    # a 30 s poll here, so a close that waits for it fails the 10 s bound by 20 s.
+    monkeypatch.setattr(socketserver.BaseServer.serve_forever, "__defaults__", (30.0,))
+    held = [UtilizationMonitor(str(tmp_path / "m"), prometheus_port=0, prometheus_job="poll")]
+    port = held[0].prometheus_port
+    assert port  # no probe first: a connection wakes the loop, and it may then see the shutdown at once
+    dropping = threading.Thread(target=lambda: (held.clear(), gc.collect()))
+    dropping.start()
+    dropping.join(timeout=10.0)
+    assert not dropping.is_alive(), "closing the endpoint waited for the serve loop's poll"
+    assert refused(port)
 
 
 @pytest.mark.slow
