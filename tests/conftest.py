@@ -22,6 +22,11 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # Indexes a reader builds for runs it cannot index beside (rnnmon.format.index_build) go here, not the user's cache
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rnnmon-tests-cache-")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the helpers: fake_nvml, synthetic_runs
+# With PYTHONDONTWRITEBYTECODE set (as on the development machines) every run compiled rnnmon and rewrote and
+# compiled each test module again: 3-4 s of the fast loop's collection. The tests keep their bytecode, and the
+# Pythons they start keep theirs, in the __pycache__ folders git ignores (docs/testing.md).
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    sys.dont_write_bytecode = False
 
 import numpy as np
 import pytest
@@ -49,14 +54,19 @@ def tiny_model(seed: int = 0, steps_per_execution: int = 1, units: int = 16, dev
 
 
 def _device_time(seconds: float):
-    """A layer that passes its input through after `seconds` of sleep inside the compiled step."""
+    """A layer that passes its input through after `seconds` of sleep inside the compiled step. The sleep is read
+    when the step runs, so `layer.seconds = s` changes a traced model's device time without tracing it again."""
     import keras
     import tensorflow as tf
 
     class DeviceTime(keras.layers.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seconds = seconds
+
         def call(self, x):
             def device():
-                time.sleep(seconds)
+                time.sleep(self.seconds)
                 return np.float32(0)
 
             done = tf.numpy_function(device, [], tf.float32, stateful=True)
@@ -146,17 +156,21 @@ def _collect_what_a_test_left_running():
 def traced_models():
     """`traced_models(**tiny_model_args)`: a `tiny_model(**tiny_model_args)` whose train function is traced, one per
     set of arguments a session: a fit of it costs about 0.1 s of CPU where a fresh model's first costs 1.3-1.5 s.
+    Models with device time share one trace whatever its length (`device_s` is set on the model asked for).
     For tests whose check is not about a fit's first step (its trace) or the model's weights: it trains on in
     every test that asks for the same arguments."""
     models = {}
 
-    def traced(**tiny_model_args):
-        key = tuple(sorted(tiny_model_args.items()))
+    def traced(device_s: float = 0.0, **tiny_model_args):
+        key = (device_s > 0, *sorted(tiny_model_args.items()))
         if key not in models:
-            model = tiny_model(seed=7, **tiny_model_args)
+            model = tiny_model(seed=7, device_s=device_s, **tiny_model_args)
             model.fit(stalled_dataset(2 * model.steps_per_execution), epochs=1, verbose=0)
             models[key] = model
-        return models[key]
+        model = models[key]
+        if device_s:
+            model.layers[-1].seconds = device_s
+        return model
 
     return traced
 

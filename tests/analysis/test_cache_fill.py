@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import read_run, stalled_dataset, tiny_model
+from conftest import read_run, stalled_dataset
 
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
@@ -14,9 +14,9 @@ _S = {name: i for i, name in enumerate(schema.STEP_COLUMNS)}
 
 
 @pytest.mark.usefixtures("no_nvml")
-def test_the_first_epoch_filling_the_cache_is_a_note_not_input_bound(tmp_path):
+def test_the_first_epoch_filling_the_cache_is_a_note_not_input_bound(tmp_path, traced_models):
     data = stalled_dataset(12, 0.06).cache()  # a 60 ms Python stage before the cache: the first epoch only
-    model = tiny_model(device_s=0.02)  # a 20 ms step: reading the cache (~0.5 ms) stays far under 5% of it
+    model = traced_models(device_s=0.02)  # a 20 ms step: reading the cache (~0.5 ms) stays far under 5% of it
     model.fit(data, epochs=3, verbose=0, callbacks=[UtilizationMonitor(str(tmp_path))])
     run = read_run(str(tmp_path))
     assert run.info["input_cache"] == "input pipeline/CacheDataset[4]"

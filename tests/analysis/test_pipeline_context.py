@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import read_run, sequences, tiny_model
+from conftest import read_run, sequences
 
 from rnnmon import UtilizationMonitor
 from rnnmon.analysis.summary import summarize
@@ -32,9 +32,9 @@ def _batches(stall_s: float):
 @pytest.mark.usefixtures("no_nvml")
 @pytest.mark.parametrize(("stall_s", "severity"),
                          [(0.0, "info"), pytest.param(2 * DEVICE_S, "warning", marks=pytest.mark.slow)])
-def test_data_not_tf_is_a_warning_only_where_the_steps_waited(tmp_path, stall_s, severity):
-    tiny_model(device_s=DEVICE_S).fit(_batches(stall_s), steps_per_epoch=BATCHES, epochs=1, verbose=0,
-                                      callbacks=[UtilizationMonitor(str(tmp_path))])
+def test_data_not_tf_is_a_warning_only_where_the_steps_waited(tmp_path, traced_models, stall_s, severity):
+    traced_models(device_s=DEVICE_S).fit(_batches(stall_s), steps_per_epoch=BATCHES, epochs=1, verbose=0,
+                                         callbacks=[UtilizationMonitor(str(tmp_path))])
     summary = summarize(read_run(str(tmp_path)))
     [finding] = [f for f in summary["findings"] if f["code"] == "DATA_NOT_TF"]
     assert finding["severity"] == severity, (summary["shares"], summary["verdict"])

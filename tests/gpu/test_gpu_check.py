@@ -22,7 +22,7 @@ def test_prints_what_the_driver_does(capsys):
     lib = FakeNvmlLib([FakeGpu(name="NVIDIA A10"), FakeGpu(mig=[FakeMig(gpu_instance_id=4)])], sample_period_s=1 / 6)
     cuda_order = [bare_uuid(lib.gpus[1].uuid), bare_uuid(lib.gpus[0].uuid)]
     with installed(lib):
-        status = gpu_check().main(["--skip-fit", "--repeats", "2", "--wait-s", "0.4"], cuda=lambda: cuda_order)
+        status = gpu_check().main(["--skip-fit", "--repeats", "2", "--wait-s", "0.2"], cuda=lambda: cuda_order)
     out = capsys.readouterr().out
     assert status == 0, out
     assert "period 166.7 ms" in out and "newest timestamp minus time.time()" in out and "CLOCK_MONOTONIC" in out

@@ -181,10 +181,10 @@ def test_a_call_that_nvml_shutdown_overtakes_warns_of_nothing(rnnmon_warnings):
         nvml = Nvml()
         assert nvml.start()
         sampler = Sampler(nvml, [0])
-        lib.latency_s["nvmlDeviceGetPowerUsage"] = 0.5  # under the 2 s deadline: slow, not hung
+        lib.latency_s["nvmlDeviceGetPowerUsage"] = 0.3  # under the 2 s deadline: slow, not hung
         poll = threading.Thread(target=sampler.poll)
         poll.start()
-        time.sleep(0.25)
+        time.sleep(0.1)
         nvml.shutdown()
         poll.join()
     assert len(sampler.drain()[1][0]) == 1 and rnnmon_warnings() == []

@@ -525,18 +525,18 @@ def test_a_sync_lists_what_can_change_not_the_whole_job(kind, monkeypatch, tmp_p
 
 @pytest.mark.slow
 def test_the_tab_gets_each_uploaded_version_once_and_nothing_else(monkeypatch, tmp_path):
-    """A live worker's hour at 1/30 of the time: a flush every 2 s, an upload pass every 30 s, a segment every 5
-    minutes, the tab syncing every 15 s. The tab's GETs are the versions the uploader put, each once, no other
-    request: the growing segment's every pass (what keeps the run live) and each segment's reading index (put with
-    every 10th pass and once the segment ends). Issue 27's probe counted 245 GETs an hour against the documented
-    120, which counted the event file alone; docs/storage.md now gives both parts."""
+    """Ten minutes of a live worker at 1/30 of the time: a flush every 2 s, an upload pass every 30 s (20 passes),
+    a segment every 5 minutes (two), the tab syncing every 15 s. The tab's GETs are the versions the uploader put,
+    each once, no other request: the growing segment's every pass (what keeps the run live) and each segment's
+    reading index (put with every 10th pass and once the segment ends). Issue 27's probe counted 245 GETs an hour
+    against the documented 120, which counted the event file alone; docs/storage.md now gives both parts."""
     import numpy as np
 
     from rnnmon.format import schema
     from rnnmon.format.writer import SummaryWriter
     from rnnmon.storage.uploader import Uploader
 
-    scale, minutes = 30.0, 20.0
+    scale, minutes = 30.0, 10.0
     with ObjectStore("s3") as server, FaultyFront(server) as front:
         _use(server, monkeypatch, tmp_path, front.env)
         run_dir = str(tmp_path / "worker" / "rnnmon")
