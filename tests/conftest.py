@@ -144,12 +144,16 @@ def _collect_what_a_test_left_running():
     tf.data iterators a test leaves in reference cycles keep their threads until Python's collector finds them.
     Torn down late, each waited for its threads (the autotuner's among them) inside the collection of whichever
     later test triggered it: pauses of 10-41 s without CPU in one fast loop (docs/testing.md). Collected at the end
-    of the test that started them, they go while young, in a fraction of a second.
+    of the test that started them, they go while young, in a fraction of a second. What is still alive then is
+    frozen with what collection imported (see `pytest_collection_finish`), so each later collection walks only
+    what was made since: 51 of them took 2.2 s in a fast loop, 5.3 s unfrozen. Reference counting still frees a
+    frozen object; a frozen cycle that becomes garbage stays until the process ends.
     """
     before = _threads()
     yield
     if _threads() > before:
         gc.collect()
+        gc.freeze()
 
 
 @pytest.fixture(scope="session")
