@@ -10,6 +10,7 @@ import rnnmon
 from rnnmon import UtilizationMonitor
 
 
+@pytest.mark.slow  # a model built at fit traces afresh (1.0-1.6 s); the two audits below stay in the fast loop
 @pytest.mark.usefixtures("no_nvml")
 def test_sequential_without_input_gets_the_mask_finding(tmp_path):
     import keras

@@ -34,6 +34,7 @@ def _partial_dataset():
     return tf.data.Dataset.from_tensor_slices((x[:-5], y[:-5])).batch(BATCH)  # 5 batches of 32, one of 27
 
 
+@pytest.mark.slow  # two fresh traces and two retraces (2.6-3.9 s of CPU): nothing cheaper can check a trace count
 @pytest.mark.usefixtures("no_nvml")
 def test_partial_last_batch_traces_no_more_than_without_the_monitor(tmp_path):
     plain, monitored = _counting_model(), _counting_model()
