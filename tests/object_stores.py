@@ -202,7 +202,8 @@ class FaultyFront:
     def __enter__(self) -> FaultyFront:
         import threading
 
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        # a 10 ms poll: shutdown() at exit waits for the loop's select() (0.5 s by default, in every storage test)
+        threading.Thread(target=self._server.serve_forever, args=(0.01,), daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:

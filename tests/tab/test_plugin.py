@@ -526,7 +526,7 @@ def test_the_partial_plotly_bundle_is_served_when_fetched_and_checked_before_it_
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Registry)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()  # shutdown() waits a poll
     registry = f"http://127.0.0.1:{server.server_port}"
     try:
         for digest in (hashlib.sha512(b"another tarball").digest(), hashlib.sha512(tarball.getvalue()).digest()):
